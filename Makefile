@@ -1,0 +1,29 @@
+# The two commands of the README: `make demo` (main job) and `make test`.
+# Each creates or reuses .venv and installs what it needs (a stamp file skips the install when
+# requirements.txt and pyproject.toml are unchanged).
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.windowkit-installed
+
+.PHONY: demo test venv bench clean
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(VENV)/bin/windowkit bench kv --quick --json bench/results/kv_quick.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,365 @@
+"""Eviction policies for byte-budgeted caches (the chunk store's pluggable victim choice).
+
+Every policy is a small object with the same methods, in the spirit of cachetools' cache classes but
+without owning the data: the cache owns the values and the byte budget; the policy only tracks keys
+and answers "which key goes next?".
+
+    insert(key, nbytes)   a new key entered the cache (inserting a known key replaces it)
+    touch(key)            the key was read (a hit)
+    remove(key, evicted=False)   the key left the cache; ``evicted=True`` when the policy's victim was
+                          evicted (GreedyDual-Size ages its clock on evictions only)
+    victim() -> key|None  the next key to evict, never a pinned one; does not remove it
+    pin(key) / unpin(key) pinned keys are never victims (the chunk store pins the live window's chunks)
+    len(p), key in p, p.nbytes
+
+    lru = LRU()
+    lru.insert("a", 100); lru.insert("b", 100); lru.touch("a")
+    assert lru.victim() == "b"
+    lru.pin("b"); assert lru.victim() == "a"
+
+Policies: ``LRU`` (default; O(1) per op), ``FIFO``, ``LFU`` and ``SizeAware`` (GreedyDual-Size with
+frequency, GDSF), the last three on a lazy-deletion heap: O(log n) per op, amortised.
+"""
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Callable, Hashable, Optional, Union
+
+Key = Hashable
+
+
+class EvictionPolicy(ABC):
+    """Victim order over keys. Subclasses implement the five abstract methods; pin state lives here."""
+
+    name: str = "policy"
+
+    def __init__(self) -> None:
+        self._sizes: dict[Key, int] = {}
+        self._pinned: set[Key] = set()
+        self._nbytes = 0
+
+    # ---------------------------------------------------------------- contract
+    @abstractmethod
+    def _on_insert(self, key: Key) -> None:
+        """``key`` is new (already in ``_sizes``): give it a place in the victim order."""
+
+    @abstractmethod
+    def _on_touch(self, key: Key) -> None:
+        """``key`` (known) was read."""
+
+    @abstractmethod
+    def _on_remove(self, key: Key, evicted: bool) -> None:
+        """``key`` leaves (still in ``_sizes`` during the call)."""
+
+    @abstractmethod
+    def _on_pin(self, key: Key) -> None:
+        """Take ``key`` out of the victim order (keep its state)."""
+
+    @abstractmethod
+    def _on_unpin(self, key: Key) -> None:
+        """Put ``key`` back into the victim order."""
+
+    @abstractmethod
+    def victim(self) -> Optional[Key]:
+        """The next key to evict (never a pinned one), or None when every key is pinned or none is held."""
+
+    # ---------------------------------------------------------------- public API
+    def insert(self, key: Key, nbytes: int) -> None:
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        pinned = key in self._pinned
+        if key in self._sizes:  # replacing: a fresh entry, but a pin stays a pin
+            self.remove(key)
+        self._sizes[key] = int(nbytes)
+        self._nbytes += int(nbytes)
+        self._on_insert(key)
+        if pinned:
+            self._pinned.add(key)
+            self._on_pin(key)
+
+    def touch(self, key: Key) -> None:
+        if key not in self._sizes:
+            raise KeyError(key)
+        self._on_touch(key)
+
+    def remove(self, key: Key, evicted: bool = False) -> None:
+        if key not in self._sizes:
+            raise KeyError(key)
+        self._on_remove(key, evicted)
+        self._nbytes -= self._sizes.pop(key)
+        self._pinned.discard(key)
+
+    def discard(self, key: Key) -> None:
+        """``remove`` that ignores unknown keys."""
+        if key in self._sizes:
+            self.remove(key)
+
+    def pin(self, key: Key) -> None:
+        if key not in self._sizes:
+            raise KeyError(key)
+        if key not in self._pinned:
+            self._pinned.add(key)
+            self._on_pin(key)
+
+    def unpin(self, key: Key) -> None:
+        if key not in self._sizes:
+            raise KeyError(key)
+        if key in self._pinned:
+            self._pinned.discard(key)
+            self._on_unpin(key)
+
+    def is_pinned(self, key: Key) -> bool:
+        return key in self._pinned
+
+    @property
+    def pinned(self) -> frozenset:
+        return frozenset(self._pinned)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tracked key (pinned included)."""
+        return self._nbytes
+
+    def size_of(self, key: Key) -> int:
+        return self._sizes[key]
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sizes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(keys={len(self)}, pinned={len(self._pinned)}, nbytes={self._nbytes})"
+
+
+class LRU(EvictionPolicy):
+    """Least recently used first. O(1) per op (an OrderedDict of the unpinned keys, oldest first).
+
+    Unpinning counts as a use: the window held the chunk until it released it.
+
+        p = LRU(); p.insert("a", 1); p.insert("b", 1); p.touch("a"); assert p.victim() == "b"
+    """
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._order: OrderedDict[Key, None] = OrderedDict()
+
+    def _on_insert(self, key: Key) -> None:
+        self._order[key] = None
+
+    def _on_touch(self, key: Key) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def _on_remove(self, key: Key, evicted: bool) -> None:
+        self._order.pop(key, None)
+
+    def _on_pin(self, key: Key) -> None:
+        self._order.pop(key, None)
+
+    def _on_unpin(self, key: Key) -> None:
+        self._order[key] = None
+
+    def victim(self) -> Optional[Key]:
+        return next(iter(self._order), None)
+
+
+class _HeapPolicy(EvictionPolicy):
+    """Min-heap of ``(priority, push_id, key)`` with lazy deletion: a heap row is live only while it is
+    the key's latest push and the key is unpinned. Subclasses define ``_priority(key)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heap: list[tuple] = []
+        self._live: dict[Key, int] = {}  # key -> push id of its live heap row (unpinned keys only)
+        self._pushes = 0
+        self._clock = 0  # logical time: one tick per insert/touch, the tie-breaker (older first)
+
+    @abstractmethod
+    def _priority(self, key: Key) -> tuple:
+        """Smaller is evicted first."""
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _push(self, key: Key) -> None:
+        if key in self._pinned:
+            return
+        self._pushes += 1
+        self._live[key] = self._pushes
+        heapq.heappush(self._heap, (self._priority(key), self._pushes, key))
+        if len(self._heap) > 2 * len(self._live) + 64:  # stale rows pile up under touches: rebuild
+            self._heap = [(self._priority(k), pid, k) for k, pid in self._live.items()]
+            heapq.heapify(self._heap)
+
+    def _on_remove(self, key: Key, evicted: bool) -> None:
+        self._live.pop(key, None)  # its heap row goes stale
+
+    def _on_pin(self, key: Key) -> None:
+        self._live.pop(key, None)
+
+    def _on_unpin(self, key: Key) -> None:
+        self._push(key)
+
+    def victim(self) -> Optional[Key]:
+        heap = self._heap
+        while heap:
+            _, pid, key = heap[0]
+            if self._live.get(key) == pid:
+                return key
+            heapq.heappop(heap)
+        return None
+
+
+class FIFO(_HeapPolicy):
+    """First inserted, first evicted; reads do not matter. A pinned key keeps its place in the queue.
+
+        p = FIFO(); p.insert("a", 1); p.insert("b", 1); p.touch("a"); assert p.victim() == "a"
+    """
+
+    name = "fifo"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._born: dict[Key, int] = {}
+
+    def _priority(self, key: Key) -> tuple:
+        return (self._born[key],)
+
+    def _on_insert(self, key: Key) -> None:
+        self._born[key] = self._tick()
+        self._push(key)
+
+    def _on_touch(self, key: Key) -> None:
+        pass
+
+    def _on_remove(self, key: Key, evicted: bool) -> None:
+        super()._on_remove(key, evicted)
+        self._born.pop(key, None)
+
+
+class LFU(_HeapPolicy):
+    """Fewest hits first (an insert counts as one hit), ties broken least-recently-used first. No aging.
+
+        p = LFU(); p.insert("a", 1); p.insert("b", 1); p.touch("a"); p.touch("b"); p.touch("b")
+        assert p.victim() == "a"
+    """
+
+    name = "lfu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hits: dict[Key, int] = {}
+        self._last: dict[Key, int] = {}
+
+    def _priority(self, key: Key) -> tuple:
+        return (self._hits[key], self._last[key])
+
+    def _on_insert(self, key: Key) -> None:
+        self._hits[key] = 1
+        self._last[key] = self._tick()
+        self._push(key)
+
+    def _on_touch(self, key: Key) -> None:
+        self._hits[key] += 1
+        self._last[key] = self._tick()
+        self._push(key)
+
+    def _on_remove(self, key: Key, evicted: bool) -> None:
+        super()._on_remove(key, evicted)
+        self._hits.pop(key, None)
+        self._last.pop(key, None)
+
+    def hits(self, key: Key) -> int:
+        return self._hits[key]
+
+
+CostFn = Callable[[Key, int], float]
+
+
+class SizeAware(_HeapPolicy):
+    """GreedyDual-Size-Frequency: evict the smallest ``H = L + hits * cost / nbytes`` first.
+
+    With the default ``cost = 1`` this evicts the largest bytes-per-hit first; ``L`` (the clock) rises
+    to the evicted key's H on each eviction, so keys that stop being read age out even if small.
+    Pass ``cost(key, nbytes)`` to weigh misses (e.g. re-encode milliseconds) instead of counting them.
+
+        p = SizeAware(); p.insert("big", 1000); p.insert("small", 10); assert p.victim() == "big"
+    """
+
+    name = "size"
+
+    def __init__(self, cost: Optional[CostFn] = None) -> None:
+        super().__init__()
+        self._cost = cost
+        self._hits: dict[Key, int] = {}
+        self._h: dict[Key, float] = {}
+        self._last: dict[Key, int] = {}
+        self.clock = 0.0  # GreedyDual's L
+
+    def _value(self, key: Key) -> float:
+        nbytes = max(self._sizes[key], 1)
+        cost = 1.0 if self._cost is None else float(self._cost(key, self._sizes[key]))
+        return self.clock + self._hits[key] * cost / nbytes
+
+    def _priority(self, key: Key) -> tuple:
+        return (self._h[key], self._last[key])
+
+    def _on_insert(self, key: Key) -> None:
+        self._hits[key] = 1
+        self._h[key] = self._value(key)
+        self._last[key] = self._tick()
+        self._push(key)
+
+    def _on_touch(self, key: Key) -> None:
+        self._hits[key] += 1
+        self._h[key] = self._value(key)
+        self._last[key] = self._tick()
+        self._push(key)
+
+    def _on_remove(self, key: Key, evicted: bool) -> None:
+        super()._on_remove(key, evicted)
+        h = self._h.pop(key, None)
+        if evicted and h is not None:
+            self.clock = max(self.clock, h)
+        self._hits.pop(key, None)
+        self._last.pop(key, None)
+
+    def priority(self, key: Key) -> float:
+        """The key's current H (smaller goes first)."""
+        return self._h[key]
+
+
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRU, "fifo": FIFO, "lfu": LFU, "size": SizeAware}
+
+PolicySpec = Union[None, str, EvictionPolicy, type]
+
+
+def make_eviction_policy(spec: PolicySpec = None) -> EvictionPolicy:
+    """A fresh policy from None (LRU), a name ("lru", "lfu", "fifo", "size"), a class, or an empty instance.
+
+        make_eviction_policy("lfu")   # -> LFU()
+    """
+    if spec is None:
+        return LRU()
+    if isinstance(spec, str):
+        try:
+            return EVICTION_POLICIES[spec.lower()]()
+        except KeyError:
+            raise ValueError(f"unknown eviction policy {spec!r}; known: {sorted(EVICTION_POLICIES)}") from None
+    if isinstance(spec, type) and issubclass(spec, EvictionPolicy):
+        return spec()
+    if isinstance(spec, EvictionPolicy):
+        if len(spec):  # a policy's state describes one cache; sharing it would corrupt both
+            raise ValueError(f"eviction policy {spec!r} already tracks keys; pass a fresh one")
+        return spec
+    raise TypeError(f"cannot make an eviction policy from {spec!r}")
+
+
+__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SizeAware", "EVICTION_POLICIES", "make_eviction_policy"]

@@ -1,0 +1,219 @@
+"""Window v0 against transformers' own forward over the window's tokens (the re-prefill ceiling)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import windowkit as wk
+from windowkit.backends.tiny import build
+from windowkit.kv import kl_divergence
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return wk.HFBackend(build("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def mla():
+    return wk.HFBackend(build("tiny-deepseek-v3"))
+
+
+def text(be, n, seed, id=None):
+    g = torch.Generator().manual_seed(seed)
+    return wk.Chunk.text(torch.randint(10, be.vocab_size, (n,), generator=g), id=id or f"c{seed}")
+
+
+def reference_logits(be, chunks, query, prefix=None):
+    """The model's own forward over [prefix · chunks · query] (ground truth)."""
+    parts = ([prefix.input_ids] if prefix is not None else []) + [c.input_ids for c in chunks] + [torch.as_tensor(query)]
+    ids = torch.cat(parts)
+    with torch.no_grad():
+        out = be.model(input_ids=ids[None], position_ids=torch.arange(len(ids))[None])
+    return out.logits[0, -1].float()
+
+
+QUERY = torch.tensor([11, 12, 13, 14])
+
+
+@pytest.mark.parametrize("mode", ["exact", "patch"])
+def test_admit_only_window_equals_fresh_prefill(llama, mode):
+    """Admission keeps the chunk's conditioned prefill, so an admit-only window is exact at any rank."""
+    win = wk.Window(llama, mode=mode, rank=4)
+    chunks = [text(llama, 12 + i, i) for i in range(4)]
+    for c in chunks:
+        win.admit(c)
+    assert kl_divergence(reference_logits(llama, chunks, QUERY), win.forward(QUERY)) <= 1e-6
+    pos = win.window_kv().positions[0]
+    assert torch.equal(pos, torch.arange(win.next_position))
+
+
+def test_window_with_prefix(mla):
+    prefix = text(mla, 7, 99, "sys")
+    win = wk.Window(mla, mode="patch", prefix=prefix)
+    chunks = [text(mla, 10, 40 + i) for i in range(3)]
+    for c in chunks:
+        win.admit(c)
+    assert win.starts() == [7, 17, 27]
+    assert kl_divergence(reference_logits(mla, chunks, QUERY, prefix), win.forward(QUERY)) <= 1e-6
+
+
+def test_forward_does_not_change_the_window(llama):
+    win = wk.Window(llama, mode="patch")
+    for i in range(3):
+        win.admit(text(llama, 9, 60 + i))
+    before = win.window_kv()
+    l1 = win.forward(QUERY)
+    l2 = win.forward(QUERY)
+    after = win.window_kv()
+    assert torch.equal(l1, l2)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(before.layers, after.layers))
+
+
+def test_generate_matches_transformers_greedy(llama):
+    chunks = [text(llama, 10, 70 + i) for i in range(3)]
+    win = wk.Window(llama, mode="exact")
+    for c in chunks:
+        win.admit(c)
+    ids = torch.cat([c.input_ids for c in chunks] + [QUERY])
+    with torch.no_grad():
+        ref = llama.model.generate(ids[None], max_new_tokens=6, do_sample=False, pad_token_id=0)[0, len(ids):]
+    assert win.generate(QUERY, max_new_tokens=6) == ref.tolist()
+
+
+def test_survivors_relocate_and_recall_gets_a_fresh_patch(llama):
+    """Slide a window of 3 over 6 chunks, then recall the first: the fresh patch on its new context beats
+    replaying the patch frozen at its first admission (the paper's stale-patch finding)."""
+    cs = [text(llama, 16, 100 + i) for i in range(6)]
+    win = wk.Window(llama, mode="patch", rank=8)
+    for c in cs[:3]:
+        win.admit(c)
+    forms0 = win.stats.patch_forms
+    for c in cs[3:]:
+        win.evict("head")
+        win.admit(c)
+    assert win.ids == [c.id for c in cs[3:]]
+    assert win.stats.relocations > 0
+    win.evict("head")
+    win.recall(cs[0].id)
+    assert win.ids == [cs[4].id, cs[5].id, cs[0].id]
+    assert win.stats.patch_forms == forms0 + 3 + 1  # three admits + one fresh recall patch
+    ref = reference_logits(llama, [cs[4], cs[5], cs[0]], QUERY)
+    kl_win = kl_divergence(ref, win.forward(QUERY))
+    blind = wk.Window(llama, mode="blind")
+    for c in (cs[4], cs[5], cs[0]):
+        blind.admit(c)
+    kl_blind = kl_divergence(ref, blind.forward(QUERY))
+    assert kl_win < kl_blind, (kl_win, kl_blind)
+
+
+def test_reorder_uses_orbit_patch_and_context_reuse(llama):
+    cs = [text(llama, 12, 200 + i, f"r{i}") for i in range(3)]
+    win = wk.Window(llama, mode="patch", rank=16)
+    for c in cs:
+        win.admit(c)
+    win.reorder(["r2", "r0", "r1"])
+    order = [cs[2], cs[0], cs[1]]
+    ref = reference_logits(llama, order, QUERY)
+    kl_patch = kl_divergence(ref, win.forward(QUERY))
+    blind = wk.Window(llama, mode="blind")
+    for c in order:
+        blind.admit(c)
+    kl_blind = kl_divergence(ref, blind.forward(QUERY))
+    assert kl_patch < kl_blind, (kl_patch, kl_blind)
+    # the same context recurring reuses the stored patch: no new forms, no new forwards for it
+    win2 = wk.Window(llama, store=win.store, mode="patch", rank=16)
+    for c in cs:
+        win2.admit(c)
+    forms, fwd = win2.stats.patch_forms, win2.stats.forwards
+    assert forms == 0 and win2.stats.patch_reuses == 3 and fwd == 0
+
+
+def test_assign_diffs_into_edits(llama):
+    cs = {i: text(llama, 8, 300 + i, f"a{i}") for i in range(6)}
+    win = wk.Window(llama, mode="exact")
+    win.assign([cs[0], cs[1], cs[2]])
+    assert win.ids == ["a0", "a1", "a2"]
+    win.assign([cs[1], cs[2], cs[3]])
+    assert win.ids == ["a1", "a2", "a3"] and win.evicted_ids == ["a0"]
+    win.assign([cs[0], cs[3], cs[1]])
+    assert win.ids == ["a0", "a3", "a1"]
+    ref = reference_logits(llama, [cs[0], cs[3], cs[1]], QUERY)
+    assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6
+
+
+def test_window_errors(llama):
+    win = wk.Window(llama)
+    c = text(llama, 5, 400, "x")
+    with pytest.raises(wk.ChunkNotFoundError):
+        win.evict("head")
+    win.admit(c)
+    with pytest.raises(wk.WindowkitError):
+        win.admit(c)
+    with pytest.raises(wk.ChunkNotFoundError):
+        win.evict("nope")
+    with pytest.raises(wk.ChunkNotFoundError):
+        win.recall("never-seen")
+    with pytest.raises(wk.WindowkitError):
+        win.reorder(["x", "y"])
+    with pytest.raises(wk.WindowkitError):
+        wk.Window(llama, mode="fast")
+    with pytest.raises(wk.ChunkError):
+        win.admit("not a chunk")
+
+
+# ----------------------------------------------------------------------------- property test
+ops = st.lists(st.tuples(st.sampled_from(["admit", "evict_head", "evict_tail", "evict_mid", "recall", "reorder"]),
+                         st.integers(0, 1000)), min_size=3, max_size=9)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq=ops)
+def test_random_edit_sequences(llama, seq):
+    """Exact mode always equals a fresh prefill of its contents; positions stay contiguous in every
+    mode; evict then recall restores the same content."""
+    wins = {m: wk.Window(llama, mode=m, rank=8, orbit_samples=3) for m in ("exact", "patch", "blind")}
+    pool = [text(llama, 5 + (i % 4), 500 + i, f"p{i}") for i in range(8)]
+    fresh = iter(pool)
+    contents: list = []
+    evicted: list = []
+    for op, r in seq:
+        if op == "admit":
+            c = next(fresh, None)
+            if c is None:
+                continue
+            for w in wins.values():
+                w.admit(c)
+            contents.append(c)
+        elif op.startswith("evict") and contents:
+            idx = {"evict_head": 0, "evict_tail": len(contents) - 1, "evict_mid": r % len(contents)}[op]
+            c = contents.pop(idx)
+            for w in wins.values():
+                assert w.evict(c.id if op == "evict_mid" else op.split("_")[1]) == c.id
+            evicted.append(c)
+        elif op == "recall" and evicted:
+            c = evicted.pop(r % len(evicted))
+            at = r % (len(contents) + 1)
+            for w in wins.values():
+                w.recall(c.id, at=at)
+            contents.insert(at, c)
+        elif op == "reorder" and len(contents) > 1:
+            g = torch.Generator().manual_seed(r)
+            contents = [contents[i] for i in torch.randperm(len(contents), generator=g).tolist()]
+            for w in wins.values():
+                w.reorder([c.id for c in contents])
+        for w in wins.values():
+            assert w.ids == [c.id for c in contents]
+    if not contents:
+        return
+    ref = reference_logits(llama, contents, QUERY)
+    assert kl_divergence(ref, wins["exact"].forward(QUERY)) <= 1e-6
+    for m in ("patch", "blind"):
+        kv = wins[m].window_kv()
+        assert torch.equal(kv.positions[0], torch.arange(sum(len(c) for c in contents)))
+        assert torch.isfinite(wins[m].forward(QUERY)).all()
+    # every token of every chunk is where a fresh prefill would put it
+    toks = torch.cat([c.input_ids for c in contents])
+    assert torch.equal(torch.cat([wins["patch"].chunk(i).input_ids for i in wins["patch"].ids]), toks)

@@ -1,0 +1,34 @@
+"""windowkit: position-free KV chunks for multimodal agents (Kamera: exact relocation + rank-m patches).
+
+    import windowkit as wk
+    backend = wk.HFBackend(model)
+    win = wk.Window(backend, rank=32, mode="patch")
+    win.admit(wk.Chunk.text(ids_a)); win.admit(wk.Chunk.text(ids_b))
+    logits = win.forward(query_ids)
+"""
+from windowkit.chunk import Chunk
+from windowkit.errors import (ChunkError, ChunkNotFoundError, KVShapeError, ModelMismatchError, StoreCorruptError,
+                              TraceFormatError, UnsupportedModelError, WindowkitError)
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # heavy parts load on first use: `import windowkit` stays cheap
+    if name == "HFBackend":
+        from windowkit.backends.hf import HFBackend
+
+        return HFBackend
+    if name == "Window":
+        from windowkit.window import Window
+
+        return Window
+    if name == "ChunkStore":
+        from windowkit.store import ChunkStore
+
+        return ChunkStore
+    raise AttributeError(f"module 'windowkit' has no attribute {name!r}")
+
+
+__all__ = ["Chunk", "HFBackend", "Window", "ChunkStore", "WindowkitError", "UnsupportedModelError",
+           "ChunkNotFoundError", "StoreCorruptError", "ModelMismatchError", "TraceFormatError", "ChunkError",
+           "KVShapeError", "__version__"]

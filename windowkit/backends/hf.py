@@ -1,0 +1,316 @@
+"""HFBackend: the transformers reference backend.
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)   # or a tiny random one
+    backend = wk.HFBackend(model)
+    res = backend.forward([chunk], start=0)          # canonical KV(B|∅) + next-token logits
+
+It reads the cache layout and the RoPE scheme from the model, checks on a 4-token probe that re-rotating
+a key reproduces the model's own key at another position (refusing the model otherwise), and runs
+forwards over spliced caches with explicit positions. Family-specific parts (embedding, position rule,
+running the decoder) live in small adapters: text decoders here, Qwen-VL in ``hf_qwen_vl``.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from windowkit.backends.base import BackendStats, ForwardResult
+from windowkit.chunk import Chunk
+from windowkit.errors import ChunkError, KVShapeError, UnsupportedModelError
+from windowkit.kv.layout import ChunkKV, KVLayout
+from windowkit.kv.rope import RopeSpec, relocate_keys
+
+TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "deepseek_v2", "deepseek_v3")
+VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+
+
+@dataclass
+class Embeds:
+    """A chunk's decoder inputs, computed once (the vision tower never re-runs for a cached chunk)."""
+
+    embeds: torch.Tensor  # [S, hidden] in the model dtype
+    visual_mask: Optional[torch.Tensor] = None  # [S] bool: which tokens are visual (deepstack)
+    deepstack: Optional[list[torch.Tensor]] = None  # per deepstack layer [n_visual, hidden]
+
+
+class TextAdapter:
+    """Plain decoders (Llama, Qwen2/3, Mistral, DeepSeek-V2/V3): 1-D positions, token embeddings."""
+
+    n_axes = 1
+
+    def __init__(self, model: Any, stats: BackendStats):
+        self.model = model
+        self.stats = stats
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.has_logits_to_keep = "logits_to_keep" in params
+
+    def positions(self, chunk: Chunk, start: int) -> tuple[torch.Tensor, int]:
+        n = len(chunk)
+        return torch.arange(start, start + n, dtype=torch.long)[None], n
+
+    def embed(self, chunk: Chunk) -> Embeds:
+        if chunk.has_vision:
+            raise ChunkError(f"{type(self.model).__name__} is a text model; chunk {chunk.id!r} carries pixels")
+        emb = self.model.get_input_embeddings()
+        return Embeds(emb(chunk.input_ids.to(emb.weight.device)))
+
+    def run(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: Any, visual_mask=None, deepstack=None):
+        kw = {self.cache_kw: cache, "use_cache": True}
+        if self.has_logits_to_keep:
+            kw["logits_to_keep"] = 1
+        out = self.model(inputs_embeds=embeds, position_ids=position_ids, **kw)
+        new_cache = getattr(out, "cache", None) or out.past_key_values
+        return out.logits[0, -1].float(), new_cache
+
+
+def _model_type(model: Any) -> str:
+    cfg = model.config
+    return str(getattr(cfg, "model_type", ""))
+
+
+def _text_config(model: Any) -> Any:
+    cfg = model.config
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def _find_rotary(model: Any) -> Any:
+    for name, mod in model.named_modules():
+        cls = type(mod).__name__
+        if cls.endswith("RotaryEmbedding") and "Vision" not in cls and hasattr(mod, "inv_freq"):
+            return mod
+    return None
+
+
+class HFBackend:
+    """transformers reference backend for Llama/Qwen2/Qwen3, DeepSeek-V2/V3 (MLA), Qwen2.5-VL, Qwen3-VL.
+
+        backend = HFBackend(model)
+        canon = backend.forward([chunk], start=0).kv              # KV(B|∅)
+        cond = backend.forward([b], start=len(a), past=kv_a).kv  # KV(B|A), one conditioned forward
+    """
+
+    def __init__(self, model: Any, *, verify: bool = True):
+        if not hasattr(model, "config") or not hasattr(model, "forward"):
+            raise UnsupportedModelError(f"HFBackend needs a transformers model, got {type(model).__name__}")
+        self.model = model.eval()
+        self.model_type = _model_type(model)
+        self.stats = BackendStats()
+        if self.model_type in VL_FAMILIES:
+            from windowkit.backends.hf_qwen_vl import QwenVLAdapter
+
+            self.adapter: Any = QwenVLAdapter(model, self.stats)
+        elif self.model_type in TEXT_FAMILIES:
+            self.adapter = TextAdapter(model, self.stats)
+        else:
+            raise UnsupportedModelError(
+                f"model_type {self.model_type!r} is not supported; supported: {', '.join(TEXT_FAMILIES + VL_FAMILIES)}"
+            )
+        self.layout = self._detect_layout()
+        rot = _find_rotary(model)
+        if rot is None:
+            raise UnsupportedModelError(f"{type(model).__name__}: no rotary embedding module with inv_freq found")
+        self.rope = RopeSpec.from_config(model.config, engine="transformers", inv_freq=rot.inv_freq)
+        rope_dim = self.layout.slot_shapes[self.layout.rope_slot][1]
+        if self.rope.rot_dim != rope_dim:
+            raise UnsupportedModelError(
+                f"rotary width {self.rope.rot_dim} != cached rope dims {rope_dim} (partial rotary is not supported)"
+            )
+        self._embed_cache: dict[str, Embeds] = {}
+        self._fingerprint: Optional[str] = None
+        if verify:
+            self._verify_relocation()
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def n_axes(self) -> int:
+        return self.adapter.n_axes
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def fingerprint(self) -> str:
+        """sha256 of the config and a sample of every weight: a store written for another model is refused."""
+        if self._fingerprint is None:
+            h = hashlib.sha256(self.model.config.to_json_string(use_diff=False).encode())
+            with torch.no_grad():
+                for name, p in sorted(self.model.named_parameters(), key=lambda kv: kv[0]):
+                    flat = p.detach().reshape(-1)
+                    h.update(name.encode())
+                    h.update(flat[:16].float().cpu().numpy().tobytes())
+                    h.update(repr(float(flat.float().sum())).encode())
+            self._fingerprint = h.hexdigest()[:32]
+        return self._fingerprint
+
+    def _detect_layout(self) -> KVLayout:
+        cfg = _text_config(self.model)
+        n_layers = int(cfg.num_hidden_layers)
+        if self.model_type.startswith("deepseek"):
+            attn = None
+            for mod in self.model.modules():
+                if type(mod).__name__.endswith("Attention"):
+                    attn = mod
+                    break
+            if attn is None or not hasattr(attn, "expand_kv"):
+                raise UnsupportedModelError(
+                    "this transformers version caches DeepSeek MLA decompressed per head; windowkit needs the "
+                    "latent cache layout (transformers >= 5.16)"
+                )
+            return KVLayout("mla", n_layers, ((1, int(cfg.kv_lora_rank)), (1, int(cfg.qk_rope_head_dim))), rope_slot=1)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        n_kv = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        return KVLayout("gqa", n_layers, ((n_kv, int(head_dim)), (n_kv, int(head_dim))), rope_slot=0)
+
+    # ------------------------------------------------------------------ positions and embeddings
+    def positions(self, chunk: Chunk, start: int) -> tuple[torch.Tensor, int]:
+        """[n_axes, S] position ids of ``chunk`` placed at ``start``, and its span in position space."""
+        return self.adapter.positions(chunk, int(start))
+
+    def span(self, chunk: Chunk) -> int:
+        return self.positions(chunk, 0)[1]
+
+    def embeds(self, chunk: Chunk) -> Embeds:
+        """Decoder inputs of a chunk, cached by content hash (vision runs once per distinct chunk)."""
+        key = chunk.content_hash()
+        e = self._embed_cache.get(key)
+        if e is None:
+            with torch.no_grad():
+                e = self.adapter.embed(chunk)
+            self._embed_cache[key] = e
+        return e
+
+    def forget(self, chunk: Chunk) -> None:
+        """Drop a chunk's cached decoder inputs (the store keeps its KV)."""
+        self._embed_cache.pop(chunk.content_hash(), None)
+
+    # ------------------------------------------------------------------ the forward primitive
+    def make_cache(self, past: Optional[ChunkKV]) -> Any:
+        from transformers import DynamicCache
+
+        if past is None or past.num_tokens == 0:
+            return DynamicCache()
+        self.check_kv(past)
+        return DynamicCache([(a[None], b[None]) for a, b in past.layers])
+
+    def check_kv(self, kv: ChunkKV) -> None:
+        if kv.layout != self.layout:
+            raise KVShapeError(f"KV layout {kv.layout.describe()} does not match the model's {self.layout.describe()}")
+        if kv.dtype != self.dtype:
+            raise KVShapeError(f"KV dtype {kv.dtype} != model dtype {self.dtype}")
+        if kv.device != self.device:
+            raise KVShapeError(f"KV on {kv.device}, model on {self.device}")
+
+    def forward(self, chunks: Sequence[Chunk], start: int, past: Optional[ChunkKV] = None) -> ForwardResult:
+        """Run ``chunks`` back to back from position ``start`` over ``past``; KV of the new tokens + logits."""
+        if not chunks:
+            raise ChunkError("forward needs at least one chunk")
+        vocab = self.vocab_size
+        for c in chunks:
+            if not isinstance(c, Chunk):
+                raise ChunkError(f"expected a windowkit.Chunk, got {type(c).__name__}")
+            lo, hi = int(c.input_ids.min()), int(c.input_ids.max())
+            if lo < 0 or hi >= vocab:
+                raise ChunkError(f"chunk {c.id!r} has token ids in [{lo}, {hi}] but the model's vocabulary is {vocab}: "
+                                 "was it tokenized for another model?")
+        if int(start) < 0:
+            raise ChunkError(f"start position must be >= 0, got {start}")
+        pos, embs, masks, deep, spans, counts = [], [], [], [], [], []
+        p = int(start)
+        any_visual = False
+        for c in chunks:
+            ids, span = self.positions(c, p)
+            e = self.embeds(c)
+            pos.append(ids)
+            embs.append(e.embeds)
+            spans.append(span)
+            counts.append(len(c))
+            p += span
+            if e.visual_mask is not None:
+                any_visual = True
+            masks.append(e.visual_mask if e.visual_mask is not None
+                         else torch.zeros(len(c), dtype=torch.bool, device=e.embeds.device))
+            deep.append(e.deepstack)
+        embeds = torch.cat(embs, 0)[None]  # [1, L, hidden]
+        position_ids = torch.cat(pos, 1).to(self.device)  # [n_axes, L]
+        visual_mask = deepstack = None
+        if any_visual and any(d is not None for d in deep):
+            visual_mask = torch.cat(masks, 0)[None].to(self.device)
+            n_layers = max(len(d) for d in deep if d is not None)
+            deepstack = [torch.cat([d[i] for d in deep if d is not None], 0) for i in range(n_layers)]
+        cache = self.make_cache(past)
+        past_len = 0 if past is None else past.num_tokens
+        with torch.no_grad():
+            logits, cache = self.adapter.run(embeds, position_ids, cache, visual_mask, deepstack)
+        self.stats.forwards += 1
+        self.stats.forward_tokens += embeds.shape[1]
+        layers = [(layer.keys[0, :, past_len:], layer.values[0, :, past_len:]) for layer in cache.layers]
+        return ForwardResult(ChunkKV(layers, self.layout, position_ids.cpu()), logits, spans, counts)
+
+    def encode(self, chunk: Chunk) -> ChunkKV:
+        """Canonical KV(B|∅): the chunk alone at position 0."""
+        return self.forward([chunk], 0).kv
+
+    # ------------------------------------------------------------------ self-check
+    def _verify_relocation(self) -> None:
+        """Refuse a model whose cached keys do not re-rotate exactly (wrong layout, scaled or dynamic RoPE)."""
+        vocab = self.vocab_size
+        ids = torch.arange(4) % max(vocab, 1) + min(10, max(vocab - 4, 0))
+        probe = Chunk.text(ids, id="__windowkit_probe__")
+        shift = 7
+        try:
+            a = self.forward([probe], 0).kv
+            b = self.forward([probe], shift).kv
+        finally:
+            self.forget(probe)
+            self.stats.forwards -= 2
+            self.stats.forward_tokens -= 8
+        # layer 0 only: its keys depend on content and position alone. Deeper layers also carry the
+        # model's own rounding noise across positions (in bf16 an MoE router can even flip experts).
+        r = self.layout.rope_slot
+        moved = relocate_keys(a.layers[0][r], shift, self.rope, a.positions).float()
+        own = b.layers[0][r].float()
+        rel = float((moved - own).norm() / own.norm().clamp_min(1e-30))
+        tol = 1e-4 if self.dtype == torch.float32 else 3e-2
+        if not rel <= tol:
+            raise UnsupportedModelError(
+                f"re-rotating cached keys does not reproduce the model's keys (relative error {rel:.2e} > {tol:g}); "
+                "the RoPE scheme or cache layout of this model is not one windowkit can relocate exactly"
+            )
+
+
+def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> Any:
+    """A tiny built-in random model by name (see ``windowkit.backends.tiny``) or a local checkpoint path."""
+    from windowkit.backends import tiny
+
+    if name_or_path in tiny.TINY_MODELS:
+        return tiny.build(name_or_path, dtype=dtype, seed=seed).to(device)
+    import os
+
+    if not os.path.isdir(name_or_path):
+        raise UnsupportedModelError(
+            f"{name_or_path!r} is neither a built-in tiny model ({', '.join(tiny.TINY_MODELS)}) nor a local folder"
+        )
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(name_or_path)
+    if getattr(cfg, "model_type", "") in VL_FAMILIES:
+        cls = transformers.AutoModelForImageTextToText
+    else:
+        cls = transformers.AutoModelForCausalLM
+    return cls.from_pretrained(name_or_path, dtype=dtype).to(device).eval()
+
+
+__all__ = ["HFBackend", "TextAdapter", "Embeds", "load_model", "TEXT_FAMILIES", "VL_FAMILIES"]

@@ -1,0 +1,533 @@
+"""KV operator benchmark: reuse (relocate + rank-m patch) against re-prefill, forming cost, break-even, bandwidth.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_kv.py --quick --json bench/results/kv_quick.json
+    windowkit bench kv --quick --json bench/results/kv_quick.json          # same thing through the CLI
+
+    from windowkit.benchmarks.kv import run
+    result = run(quick=True, json_path=None)   # dict: {"env": ..., "config": ..., "rows": [one per length]}
+
+Model: a random-weight Qwen2 decoder shaped like Qwen2.5-0.5B's text decoder (hidden 896, 24 layers,
+14 query heads, 2 KV heads, head_dim 64, MLP 4864, rope_theta 1e6, tied embeddings). The vocabulary is
+cut to 8192 (from 151936) to save memory; it only changes the embedding/LM-head cost, which is small
+next to the decoder at these lengths. Qwen2.5-VL's text decoder is this same architecture with M-RoPE;
+for a text segment placed after a text context the M-RoPE axes all move together, so the relocation is
+the same 1-D rotation measured here.
+
+For each segment length L (context C = L tokens before it, a 16-token query after it):
+  prefill   re-prefill of the segment after the context: ``backend.forward([seg], C, past=ctx_kv)``
+            (this is also the conditioned forward KV(B|A) the first admission pays anyway)
+  reuse     ``windowkit.kv.place(canon, C, spec, patch)``: relocate + patch apply over all layers
+  blind     ``place(canon, C, spec)``: relocation only
+  encode    canonical KV(B|∅): the segment alone at position 0 (one forward)
+  svd_*     ``form_patch(cond, canon, C, spec, rank, method=...)`` for "exact" and "randomized"
+  forming extra = encode + svd (the conditioned forward is the first admission's prefill, see
+            docs/design "Where the cost goes"), in units of one prefill
+  break-even = forming extra / (prefill - reuse) reuses; ``paper_style`` also charges the conditioned forward
+  bandwidth = bytes moved by reuse (read canonical KV + patch, write the placed KV) per second, as a
+            fraction of ``Tensor.copy_`` moving the same number of bytes in the same run
+  fidelity = next-token KL(re-prefill || reuse) of the query after [context, segment], blind and patched,
+            and the relative KV reconstruction error against the conditioned KV
+
+``experimental_fused_place`` below is a labelled EXPERIMENT (not the production operator, which lives in
+``windowkit.kv``): one pass per layer that writes R(δ)K + U(R(δ)Vᵀ) and V + UVᵀ into preallocated
+outputs. It is here to measure how much of the reuse time is avoidable overhead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+QUERY_TOKENS = 16
+FULL_LENGTHS = (256, 512, 1024, 2048)
+QUICK_LENGTHS = (256, 512, 1024)
+QUICK_LAYERS = 8
+QUICK_BUDGET_S = 270.0  # --quick must finish in under five minutes, imports and model build included
+
+# Qwen2.5-0.5B text decoder shape (vocab reduced, see module doc); "tiny" is for the smoke test only.
+PRESETS: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(vocab_size=8192, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                 rope_theta=10_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+}
+
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+# ---------------------------------------------------------------------- small helpers
+def _resolve_dtype(dtype: Optional[str], device: str) -> str:
+    """'auto': bf16 on CUDA; fp32 on CPU (a CPU without bf16 units runs bf16 GEMMs several times slower,
+    which would inflate the reuse/prefill ratio for a reason that has nothing to do with windowkit)."""
+    if dtype in (None, "auto"):
+        return "bf16" if str(device).startswith("cuda") else "fp32"
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
+    return dtype
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn: Callable[[], Any], repeats: int, device: torch.device, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall seconds of ``fn`` over ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    ts = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), ts
+
+
+def _samples(fn: Callable[[], Any], n: int, device: torch.device) -> tuple[Any, list[float]]:
+    """Call ``fn`` ``n`` times (at least once); return the first result and every call's wall seconds.
+
+    Used for the forwards: the first call is a timed sample too (the context forward before it has
+    already warmed the model up), and its result is the KV the rest of the benchmark uses.
+    """
+    out, ts = None, []
+    for i in range(max(1, n)):
+        _sync(device)
+        t0 = time.perf_counter()
+        r = fn()
+        _sync(device)
+        ts.append(time.perf_counter() - t0)
+        if i == 0:
+            out = r
+        del r
+    return out, ts
+
+
+def _finite(x: Any) -> Any:
+    """JSON-safe: non-finite floats become None."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _env(device: torch.device, dtype: str) -> dict[str, Any]:
+    import transformers
+
+    import windowkit
+
+    env = {
+        "torch": torch.__version__, "transformers": transformers.__version__, "windowkit": windowkit.__version__,
+        "python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(), "device": str(device), "dtype": dtype,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_1m_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def build_model(preset: str = "qwen2.5-0.5b", n_layers: Optional[int] = None, dtype: str = "fp32",
+                device: str = "cpu", seed: int = 0) -> Any:
+    """Random-weight Qwen2ForCausalLM of the given preset shape (seeded), in eval mode."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    kw = dict(PRESETS[preset])
+    if n_layers is not None:
+        kw["num_hidden_layers"] = int(n_layers)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(**kw))
+    return model.to(device=device, dtype=_DTYPES[dtype]).eval()
+
+
+# ---------------------------------------------------------------------- the EXPERIMENT: fused reuse
+def experimental_fused_place(canon, delta: int, spec, patch, out=None, scratch: Optional[torch.Tensor] = None):
+    """EXPERIMENT, not the production operator: R(δ)·(KV + U Vᵀ) in one pass per layer and slot.
+
+    Uses R(δ)(K + U Vᵀ) = R(δ)K + U·(R(δ)Vᵀ): the rotation is applied to the m x H·D factor instead of
+    the S x H·D update, the rotated keys are written straight into ``out`` (a preallocated ChunkKV, e.g.
+    a slice of the window's cache), and the rank-m update is one batched GEMM per slot accumulated in
+    place (``baddbmm_``). fp32 math; for bf16/fp16 KV a per-layer fp32 scratch is rounded once.
+    Supports GQA, half pairing, a uniform integer delta and a patch on every layer; raises
+    NotImplementedError otherwise.
+    """
+    from windowkit.kv.layout import ChunkKV
+
+    lay = canon.layout
+    if lay.family != "gqa" or spec.pairing != "half" or not isinstance(delta, int):
+        raise NotImplementedError("experimental fused path: GQA, half pairing, integer delta only")
+    if patch is None or any((l, s) not in patch.factors for l in range(lay.num_layers) for s in (0, 1)):
+        raise NotImplementedError("experimental fused path: needs a patch on every layer and slot")
+    dev = canon.device
+    n = spec.n_freq
+    ang = (float(delta) * spec.inv_freq.double()).float().to(dev)
+    c, s = ang.cos(), ang.sin()
+    if out is None:
+        out = ChunkKV([(torch.empty_like(a), torch.empty_like(b)) for a, b in canon.layers], lay)
+    f32 = canon.dtype == torch.float32
+    if not f32 and scratch is None:
+        h, S, d = canon.layers[0][0].shape
+        scratch = torch.empty(h, S, d, dtype=torch.float32, device=dev)
+    for l, ((k, v), (ok, ov)) in enumerate(zip(canon.layers, out.layers)):
+        h, S, d = k.shape
+        us, vt = patch.factors[(l, 0)]
+        m = us.shape[1]
+        t = ok if f32 else scratch
+        t1, t2 = t[..., :n], t[..., n:]
+        torch.mul(k[..., :n], c, out=t1)
+        t1.addcmul_(k[..., n:], s, value=-1.0)
+        torch.mul(k[..., n:], c, out=t2)
+        t2.addcmul_(k[..., :n], s)
+        vf = vt.float().view(m, h, d)  # rotate the factor rows: m·H·D work instead of S·H·D
+        v1, v2 = vf[..., :n], vf[..., n:]
+        vr = torch.cat([v1 * c - v2 * s, v2 * c + v1 * s], -1).permute(1, 0, 2)  # [H, m, D]
+        t.baddbmm_(us.float().expand(h, S, m), vr)
+        if not f32:
+            ok.copy_(t)
+        us, vt = patch.factors[(l, 1)]
+        hv, _, dv = v.shape
+        vv = vt.float().view(m, hv, dv).permute(1, 0, 2)
+        if f32:
+            torch.baddbmm(v, us.expand(hv, S, m), vv, out=ov)
+        else:
+            scratch.copy_(v)
+            scratch.baddbmm_(us.float().expand(hv, S, m), vv)
+            ov.copy_(scratch)
+    return out
+
+
+# ---------------------------------------------------------------------- one segment length
+def _rel_err(a, b) -> float:
+    from windowkit.kv.patch import reconstruction_error
+
+    return reconstruction_error(a, b)
+
+
+def _bench_length(be, L: int, C: int, rank: int, reps: dict[str, int], device: torch.device,
+                  gen: torch.Generator, bar: Optional[Any]) -> dict[str, Any]:
+    from windowkit.chunk import Chunk
+    from windowkit.kv import apply_patch, concat, form_patch, kl_divergence, place
+
+    def step(name: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(f"L={L} {name}")
+
+    V = be.vocab_size
+    ctx = Chunk.text(torch.randint(10, V, (C,), generator=gen), id=f"bench-ctx-{C}")
+    seg = Chunk.text(torch.randint(10, V, (L,), generator=gen), id=f"bench-seg-{L}")
+    query = Chunk.text(torch.randint(10, V, (QUERY_TOKENS,), generator=gen), id=f"bench-q-{L}")
+    spec = be.rope
+    row: dict[str, Any] = {"L": L, "context": C, "query_tokens": QUERY_TOKENS, "rank": rank}
+
+    step("context")
+    ctx_kv = be.forward([ctx], 0).kv
+
+    # (a) re-prefill of the segment after the context; its first call is also the conditioned KV(B|A)
+    step("prefill")
+    cond_res, ts = _samples(lambda: be.forward([seg], C, past=ctx_kv), reps["prefill"], device)
+    cond = cond_res.kv
+    t_prefill = statistics.median(ts)
+    row["prefill_ms"] = 1e3 * t_prefill
+    row["prefill_ms_all"] = [1e3 * t for t in ts]
+
+    # (c) forming: canonical encode + form_patch, exact and randomized SVD
+    step("encode")
+    canon, ts_enc = _samples(lambda: be.encode(seg), reps["encode"], device)
+    t_enc = statistics.median(ts_enc)
+    row["encode_ms"] = 1e3 * t_enc
+    patches = {}
+    for method in ("exact", "randomized"):
+        step(f"svd {method}")
+        patches[method], ts_svd = _samples(lambda: form_patch(cond, canon, C, spec, rank=rank, method=method),
+                                           reps["svd"], device)
+        row[f"svd_{method}_ms"] = 1e3 * statistics.median(ts_svd)
+    patch = patches["exact"]
+
+    # (b) reuse: relocate + patch apply (production operator), and blind relocation alone
+    step("reuse")
+    t_reuse, ts_reuse = _time(lambda: place(canon, C, spec, patch), reps["reuse"], device, warmup=2)
+    t_blind, _ = _time(lambda: place(canon, C, spec), reps["reuse"], device, warmup=2)
+    row["prefill_min_ms"] = 1e3 * min(ts)
+    row["reuse_ms"] = 1e3 * t_reuse
+    row["reuse_min_ms"] = 1e3 * min(ts_reuse)
+    row["reuse_blind_ms"] = 1e3 * t_blind
+    t_apply, _ = _time(lambda: apply_patch(canon, patch), reps["reuse"], device, warmup=2)
+    row["apply_patch_only_ms"] = 1e3 * t_apply  # where reuse time goes: apply_patch vs relocate (= blind)
+    row["speedup"] = t_prefill / t_reuse
+    row["speedup_blind"] = t_prefill / t_blind
+
+    # (c, d) forming extra in prefills and break-even reuses
+    saved = t_prefill - t_reuse
+    for method in ("exact", "randomized"):
+        extra = t_enc + row[f"svd_{method}_ms"] / 1e3
+        row[f"forming_extra_{method}_prefills"] = extra / t_prefill
+        row[f"break_even_{method}"] = extra / saved if saved > 0 else float("inf")
+        row[f"break_even_{method}_paper_style"] = (extra + t_prefill) / saved if saved > 0 else float("inf")
+
+    # (f) bytes
+    kv_bytes, patch_bytes = canon.nbytes, patch.nbytes
+    row["kv_bytes"] = kv_bytes
+    row["patch_bytes"] = patch_bytes
+    row["patch_pct_of_kv"] = 100.0 * patch_bytes / kv_bytes
+
+    # (e) bandwidth: reuse reads the canonical KV and the patch and writes the placed KV
+    step("bandwidth")
+    moved = 2 * kv_bytes + patch_bytes
+    half = moved // 2  # a copy of `half` bytes reads `half` and writes `half`: the same bytes moved
+    src = torch.empty(half, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    t_copy, ts_copy = _time(lambda: dst.copy_(src), max(20, reps["reuse"]), device, warmup=3)
+    del src, dst
+    row["bytes_moved"] = moved
+    row["copy_ms"] = 1e3 * t_copy
+    row["copy_min_ms"] = 1e3 * min(ts_copy)
+    row["copy_gbps"] = moved / t_copy / 1e9
+    row["reuse_gbps"] = moved / t_reuse / 1e9
+    row["apply_bw_fraction"] = t_copy / t_reuse
+    rs = canon.layout.rope_slot  # blind reuse reads and writes the rotated slot only (the other is shared)
+    blind_moved = 2 * sum(pair[rs].numel() * pair[rs].element_size() for pair in canon.layers)
+    row["blind_bw_fraction"] = (t_copy * blind_moved / moved) / t_blind
+
+    # compute floor of the rank-m update on this machine: the GEMMs alone, fp32, into preallocated outputs
+    f32 = {k: (u.float(), v.float()) for k, (u, v) in patch.factors.items()}
+    bufs = {k: torch.empty(u.shape[0], v.shape[1], device=device) for k, (u, v) in f32.items()}
+    t_gemm, _ = _time(lambda: [torch.mm(u, v, out=bufs[k]) for k, (u, v) in f32.items()], reps["reuse"], device,
+                      warmup=2)
+    row["gemm_floor_ms"] = 1e3 * t_gemm
+    row["bw_fraction_ceiling_gemm"] = t_copy / t_gemm
+    del bufs, f32
+
+    # EXPERIMENT: fused in-place reuse into a preallocated destination
+    step("fused (experiment)")
+    try:
+        from windowkit.kv.layout import ChunkKV
+
+        out = ChunkKV([(torch.empty_like(a), torch.empty_like(b)) for a, b in canon.layers], canon.layout)
+        h, S, d = canon.layers[0][0].shape
+        scratch = None if canon.dtype == torch.float32 else torch.empty(h, S, d, device=device)
+        t_fused, ts_fused = _time(lambda: experimental_fused_place(canon, C, spec, patch, out, scratch),
+                                  reps["reuse"], device, warmup=2)
+        ref = place(canon, C, spec, patch)
+        row["experimental_fused_ms"] = 1e3 * t_fused
+        row["experimental_fused_min_ms"] = 1e3 * min(ts_fused)
+        row["experimental_fused_speedup_vs_reuse"] = t_reuse / t_fused
+        row["experimental_fused_bw_fraction"] = t_copy / t_fused
+        row["experimental_fused_rel_diff"] = _rel_err(out, ref)
+        del out, scratch, ref
+    except NotImplementedError as e:  # other layouts: the production path is all there is
+        row["experimental_fused_ms"] = None
+        row["experimental_fused_note"] = str(e)
+
+    # (g) fidelity sanity: query after [context, segment] with the segment re-prefilled / blind / patched
+    step("fidelity")
+    start_q = C + L
+    ref_logits = be.forward([query], start_q, past=concat([ctx_kv, cond])).logits
+    blind_kv = place(canon, C, spec)
+    row["kl_blind"] = kl_divergence(ref_logits, be.forward([query], start_q, past=concat([ctx_kv, blind_kv])).logits)
+    row["recon_err_blind"] = _rel_err(blind_kv, cond)
+    for method, p in patches.items():
+        kv = place(canon, C, spec, p)
+        row[f"kl_patch_{method}"] = kl_divergence(ref_logits,
+                                                  be.forward([query], start_q, past=concat([ctx_kv, kv])).logits)
+        row[f"recon_err_patch_{method}"] = _rel_err(kv, cond)
+    for c in (ctx, seg, query):  # drop cached embeddings (forget takes a Chunk; older versions took its id)
+        try:
+            be.forget(c)
+        except (AttributeError, TypeError):
+            be.forget(c.id)
+    return {k: _finite(v) for k, v in row.items()}
+
+
+# ---------------------------------------------------------------------- driver
+def run(quick: bool = False, json_path: Optional[str] = None, lengths: Optional[Sequence[int]] = None, rank: int = 32,
+        dtype: Optional[str] = "auto", device: str = "cpu", progress: bool = True, *, preset: str = "qwen2.5-0.5b",
+        n_layers: Optional[int] = None, context: Optional[int] = None, repeats: Optional[int] = None,
+        seed: int = 0, budget_s: Optional[float] = None) -> dict[str, Any]:
+    """Run the KV benchmark; returns (and optionally writes as JSON) ``{"env", "config", "rows", "notes"}``.
+
+    quick:    8 decoder layers and L in (256, 512, 1024) (a few minutes on 2 CPU cores); full: 24 layers and
+              L in (256, 512, 1024, 2048) (meant for a GPU machine or a patient user).
+    dtype:    "auto" (bf16 on CUDA, fp32 on CPU), "bf16", "fp32" or "fp16".
+    context:  context tokens before the segment; default C = L.
+    repeats:  timed repeats of the forwards (median reported); the cheap ops take 10x as many.
+    budget_s: skip a length whose projected time would overrun this wall-clock budget (default: 270 s
+              with ``quick``, none otherwise); skipped lengths are listed in the result.
+    """
+    from windowkit.backends.hf import HFBackend
+
+    t_start = time.perf_counter()
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    dev = torch.device(device)
+    dtype = _resolve_dtype(dtype, device)
+    if lengths is None:
+        lengths = QUICK_LENGTHS if quick else FULL_LENGTHS
+    lengths = [int(x) for x in lengths]
+    if n_layers is None and quick and preset == "qwen2.5-0.5b":
+        n_layers = QUICK_LAYERS
+    if budget_s is None and quick:
+        budget_s = QUICK_BUDGET_S
+    r = int(repeats) if repeats is not None else (3 if quick else 5)
+    reps = {"prefill": r, "encode": max(1, r - 1), "svd": r, "reuse": max(10, 10 * r)}
+
+    model = build_model(preset, n_layers, dtype, device, seed)
+    be = HFBackend(model)
+    cfg = model.config
+    n_params = sum(p.numel() for p in model.parameters())
+    config = {
+        "preset": preset, "quick": quick, "lengths": lengths, "context": context or "L", "rank": rank,
+        "repeats": reps, "seed": seed, "query_tokens": QUERY_TOKENS,
+        "model": {"architecture": "Qwen2ForCausalLM (random weights)", "hidden_size": cfg.hidden_size,
+                  "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
+                  "num_key_value_heads": cfg.num_key_value_heads,
+                  "head_dim": cfg.hidden_size // cfg.num_attention_heads,
+                  "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+                  "params_millions": round(n_params / 1e6, 1), "attn_implementation": cfg._attn_implementation,
+                  "layout": be.layout.describe()},
+    }
+    notes = [
+        "random weights; Qwen2.5-0.5B text-decoder shape" + (" (vocab 8192 instead of 151936 to save memory)"
+                                                             if preset == "qwen2.5-0.5b" else ""),
+        "Qwen2.5-VL's text decoder is the same architecture with M-RoPE; a text segment after text context "
+        "moves all M-RoPE axes together, i.e. the same 1-D rotation",
+        "times are medians of one run on this machine; ratios are comparable within the run, not across machines",
+        "forming extra = canonical encode + form_patch (the conditioned forward is the first admission's prefill)",
+        "apply_bw_fraction = copy time / reuse time for the same bytes moved (2*KV + patch)",
+    ]
+    if quick and preset == "qwen2.5-0.5b":
+        notes.append(f"--quick: {QUICK_LAYERS} of 24 layers (every per-layer cost scales with the layer count)")
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = []
+    bar = None
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(lengths, desc="bench kv", unit="len", file=sys.stderr)
+        except ImportError:  # tqdm is optional
+            bar = None
+    skipped = []
+    last = None  # (L, seconds) of the previous length, to project the next one
+    for L in lengths:
+        if budget_s is not None and last is not None:
+            projected = last[1] * (L / last[0]) ** 1.2  # prefill grows a bit faster than linearly in L
+            if time.perf_counter() - t_start + projected > budget_s:
+                skipped.append(L)
+                if bar is not None:
+                    bar.update(1)
+                continue
+        t_len = time.perf_counter()
+        rows.append(_bench_length(be, L, int(context) if context else L, rank, reps, dev, gen, bar))
+        last = (L, time.perf_counter() - t_len)
+        if bar is not None:
+            bar.update(1)
+    if skipped:
+        notes.append(f"skipped L={skipped}: projected to exceed the {budget_s:.0f} s time budget on this machine")
+    if bar is not None:
+        bar.close()
+
+    env = _env(dev, dtype)
+    env["loadavg_1m_at_start"] = load_start
+    result = {"benchmark": "kv", "env": env, "config": config, "rows": rows, "skipped_lengths": skipped,
+              "notes": notes,
+              "total_seconds": time.perf_counter() - t_start}
+    if json_path:
+        d = os.path.dirname(os.path.abspath(json_path))
+        os.makedirs(d, exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2, allow_nan=False)
+    return result
+
+
+def _fmt(x: Any, spec: str) -> str:
+    if x is None:
+        return "n/a"
+    return format(x, spec)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Markdown summary of a ``run`` result (one row per segment length)."""
+    head = ("| L | prefill ms | reuse ms | speedup | blind ms | encode ms | SVD exact / rand ms | "
+            "forming extra (prefills) exact / rand | break-even exact / rand | apply BW % of copy | "
+            "fused exp. ms (BW %) | patch % of KV | KL blind / patch |")
+    sep = "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"
+    lines = [head, sep]
+    for r in result["rows"]:
+        fused = ("n/a" if r.get("experimental_fused_ms") is None else
+                 f"{r['experimental_fused_ms']:.2f} ({100 * r['experimental_fused_bw_fraction']:.0f}%)")
+        lines.append(
+            f"| {r['L']} | {r['prefill_ms']:.0f} | {r['reuse_ms']:.2f} | {r['speedup']:.0f}x "
+            f"| {r['reuse_blind_ms']:.2f} "
+            f"| {r['encode_ms']:.0f} | {r['svd_exact_ms']:.0f} / {r['svd_randomized_ms']:.0f} "
+            f"| {r['forming_extra_exact_prefills']:.2f} / {r['forming_extra_randomized_prefills']:.2f} "
+            f"| {_fmt(r['break_even_exact'], '.2f')} / {_fmt(r['break_even_randomized'], '.2f')} "
+            f"| {100 * r['apply_bw_fraction']:.1f}% | {fused} | {r['patch_pct_of_kv']:.1f}% "
+            f"| {r['kl_blind']:.1e} / {r['kl_patch_exact']:.1e} |")
+    e, c = result["env"], result["config"]["model"]
+    lines.append("")
+    lines.append(f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']}q/"
+                 f"{c['num_key_value_heads']}kv heads x {c['head_dim']}, rank {result['config']['rank']}, "
+                 f"{e['dtype']} on {e['device']} ({e['cpu']}, {e['torch_threads']} threads), torch {e['torch']}, "
+                 f"transformers {e['transformers']}; total {result['total_seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+def _parse_lengths(s: str) -> list[int]:
+    return [int(x) for x in s.replace(",", " ").split()]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="windowkit bench kv",
+                                description="KV operator benchmark: reuse (relocate + rank-m patch) vs re-prefill")
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_LAYERS} layers, L in {QUICK_LENGTHS} (minutes on CPU)")
+    p.add_argument("--json", dest="json_path", default=None, help="write the result as JSON to this path")
+    p.add_argument("--lengths", type=_parse_lengths, default=None, help="segment lengths, e.g. 256,512")
+    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES], help="auto: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 24; 8 with --quick)")
+    p.add_argument("--context", type=int, default=None, help="context tokens before the segment (default L)")
+    p.add_argument("--repeats", type=int, default=None, help="timed forward repeats (default 3 quick, 5 full)")
+    p.add_argument("--preset", default="qwen2.5-0.5b", choices=list(PRESETS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"skip lengths projected to overrun this many seconds "
+                        f"(default {QUICK_BUDGET_S:.0f} with --quick)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    result = run(quick=a.quick, json_path=a.json_path, lengths=a.lengths, rank=a.rank, dtype=a.dtype,
+                 device=a.device, progress=not a.no_progress, preset=a.preset, n_layers=a.layers,
+                 context=a.context, repeats=a.repeats, seed=a.seed, budget_s=a.budget)
+    print(format_table(result))
+    if a.json_path:
+        print(f"\nwrote {a.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""windowkit's exception hierarchy.
+
+Every error windowkit raises on bad input is a ``WindowkitError``, so an agent loop can catch one
+type::
+
+    try:
+        win.recall("frame-12")
+    except wk.ChunkNotFoundError:
+        win.admit(frame_chunk)
+"""
+from __future__ import annotations
+
+
+class WindowkitError(Exception):
+    """Base class of every error windowkit raises on purpose."""
+
+
+class UnsupportedModelError(WindowkitError):
+    """The model (or its RoPE / cache layout) is not one windowkit can relocate exactly."""
+
+
+class ChunkNotFoundError(WindowkitError, KeyError):
+    """A chunk id is not in the window or the store."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "chunk not found"
+
+
+class StoreCorruptError(WindowkitError):
+    """A stored entry failed its checksum or was truncated; it is dropped, never served."""
+
+
+class ModelMismatchError(WindowkitError):
+    """KV or a store was produced by a different model than the one in use."""
+
+
+class TraceFormatError(WindowkitError):
+    """A trace file does not follow the JSON Lines trace schema."""
+
+
+class ChunkError(WindowkitError, ValueError):
+    """A chunk's inputs are malformed (empty, wrong dtype, inconsistent vision inputs...)."""
+
+
+class KVShapeError(WindowkitError, ValueError):
+    """KV tensors do not match the layout, dtype or device they are combined with."""
+
+
+__all__ = [
+    "WindowkitError",
+    "UnsupportedModelError",
+    "ChunkNotFoundError",
+    "StoreCorruptError",
+    "ModelMismatchError",
+    "TraceFormatError",
+    "ChunkError",
+    "KVShapeError",
+]

@@ -1,0 +1,59 @@
+"""Content addresses of store entries.
+
+A canonical ``KV(B|∅)`` depends on the chunk's content and the model, so its key hashes both::
+
+    key = chunk_key(chunk.content_hash(), backend.fingerprint())
+
+A patch depends on what came before the chunk, so it is stored under ``(key, ctx)``::
+
+    ctx = context_hash([key_a, key_b], prefix=prefix_key)        # antecedents in window order
+    ctx = orbit_context_hash([key_b, key_a], prefix=prefix_key)  # orbit patch: any order of the set
+
+Hashes are hex sha256 prefixes of length 32 (128 bits). The inputs are JSON-encoded before hashing, so
+no choice of ids can make two different contexts collide by concatenation (``["ab"]`` vs ``["a", "b"]``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+KEY_HEX = 32
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, separators=(",", ":")).encode()).hexdigest()[:KEY_HEX]
+
+
+def chunk_key(content_hash: str, model_fingerprint: str | None) -> str:
+    """Key of a chunk's canonical KV: its content hash bound to the model that encoded it.
+
+        chunk_key(Chunk.text(ids).content_hash(), backend.fingerprint())
+    """
+    return _digest(["chunk", str(content_hash), model_fingerprint or ""])
+
+
+def context_hash(ids: Sequence[str], prefix: str = "") -> str:
+    """Hash of an ordered antecedent context: the chunk keys before the patched chunk, after ``prefix``.
+
+        context_hash([key_a, key_b]) != context_hash([key_b, key_a])
+    """
+    if isinstance(ids, str):  # a lone string would hash as its characters
+        raise TypeError("context_hash takes a sequence of chunk keys, not one string")
+    return _digest(["ctx", prefix, [str(i) for i in ids]])
+
+
+def orbit_context_hash(ids: Sequence[str], prefix: str = "") -> str:
+    """Order-free context hash, for orbit patches that serve every ordering of the same antecedent set.
+
+        orbit_context_hash([key_a, key_b]) == orbit_context_hash([key_b, key_a])
+
+    Repeated ids count (a multiset). Never equal to an ordered ``context_hash``: an orbit patch is a
+    different object than the patch for one particular order.
+    """
+    if isinstance(ids, str):
+        raise TypeError("orbit_context_hash takes a sequence of chunk keys, not one string")
+    return _digest(["orbit", prefix, sorted(str(i) for i in ids)])
+
+
+__all__ = ["chunk_key", "context_hash", "orbit_context_hash"]

@@ -1,0 +1,504 @@
+"""ChunkStore: content-addressed canonicals ``KV(B|∅)`` and conditioning patches, under a byte budget.
+
+    from windowkit.store import ChunkStore, chunk_key, context_hash
+
+    store = ChunkStore(budget_bytes=2 << 30, model_fingerprint=backend.fingerprint())   # memory only
+    store = ChunkStore("runs/store", budget_bytes=20 << 30, model_fingerprint=fp)        # + disk tier
+
+    key = store.chunk_key(chunk.content_hash())
+    store.put_canonical(key, kv)                   # False (and stats.rejected += 1) if it cannot fit
+    ctx = context_hash([key_a], prefix="sys")
+    store.put_patch(key, ctx, patch)
+    store.pin(key); store.pin(key, ctx)            # the live window's entries are never evicted
+    kv = store.get_canonical(key)                  # ChunkNotFoundError on a miss
+    p = store.get_patch(key, ctx)                  # None on a miss
+    store.unpin(key); store.unpin(key, ctx)
+
+Tiers: without ``path`` the store is memory only. With ``path`` the disk tier holds every entry and is
+the one the budget bounds; memory is a write-through LRU cache in front of it, bounded by
+``memory_budget_bytes`` (default: the store budget; 0 turns the cache off).
+
+Budget: entry size is its tensor payload (``ChunkKV.nbytes`` / ``Patch.nbytes``); ``store.nbytes`` never
+exceeds ``budget_bytes``. A put evicts the policy's victims (never pinned ones) to make room; a put that
+cannot fit even then (an entry larger than the budget, or a budget held by pinned entries) is refused
+before anything is evicted: it returns False and counts ``stats.rejected`` with a reason. A cache must
+be ready for misses anyway, so a refused put is just an entry evicted at once, not an error.
+
+Corruption: a disk entry whose size, sha256 or header does not check out is dropped (file and index
+row) and counted in ``stats.corrupt_dropped``; then ``on_corrupt="raise"`` (default) raises
+``StoreCorruptError`` and ``on_corrupt="miss"`` treats the read as a miss. Either way it is never served,
+and the next get is a plain miss, so the caller recomputes and puts again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Literal, Optional
+
+import torch
+
+from policies.eviction import LRU, EvictionPolicy, PolicySpec, make_eviction_policy
+from windowkit.errors import ChunkNotFoundError, KVShapeError, StoreCorruptError, WindowkitError
+from windowkit.kv.layout import ChunkKV, KVLayout
+from windowkit.kv.patch import Patch
+from windowkit.store.disk import CorruptEntry, DiskTier, EntryId, Row
+from windowkit.store.keys import chunk_key
+
+CANONICAL, PATCH = "c", "p"
+_PATCH_PREFIX = "patch."  # Patch.to_tensors() metadata, namespaced in the file header
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class StoreStats:
+    """Counters since the store was opened (in-process; not persisted)."""
+
+    hits: int = 0  # gets served (memory or disk)
+    misses: int = 0  # gets of absent entries (incl. corrupt ones just dropped)
+    evictions: int = 0  # entries evicted by the policy to honour the budget
+    corrupt_dropped: int = 0  # disk entries dropped on a failed size/checksum/header check
+    rejected: int = 0  # puts refused because the entry cannot fit (see rejected_reasons)
+    rejected_reasons: dict[str, int] = field(default_factory=dict)  # "too_large" | "pinned"
+    bytes_read: int = 0  # payload bytes served by gets
+    bytes_written: int = 0  # payload bytes accepted by puts
+    memory_hits: int = 0  # gets served from the memory tier
+    memory_evictions: int = 0  # entries dropped from the memory cache (still on disk)
+    disk_reads: int = 0
+    disk_bytes_read: int = 0  # file bytes (payload + safetensors header)
+    disk_bytes_written: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Entry:
+    nbytes: int
+    meta: dict
+    row: Optional[Row] = None  # where it lives on disk (None for a memory-only store)
+
+
+@dataclass
+class _Payload:
+    tensors: Tensors
+    patch_meta: Optional[dict[str, str]]  # None for canonicals
+
+
+class ChunkStore:
+    """Content-addressed store of canonical KV (``ChunkKV``) and patches (``Patch``) with a byte budget.
+
+    Args:
+        path: directory of the disk tier; None keeps everything in memory.
+        budget_bytes: upper bound on ``nbytes`` (tensor payload of every entry); None is unbounded.
+        policy: eviction policy: None (LRU), "lru" | "lfu" | "fifo" | "size", a policy class or a fresh
+            instance from ``policies.eviction``.
+        model_fingerprint: id of the model whose KV this is; a disk store written for another model is
+            refused with ``ModelMismatchError``. None adopts the stored one.
+        layout: the ``KVLayout`` every entry must have; None takes the stored one or the first put's.
+        memory_budget_bytes: with ``path``, bound of the memory cache (default: ``budget_bytes``; 0: off).
+        on_corrupt: "raise" (``StoreCorruptError``) or "miss", after dropping a corrupt disk entry.
+
+    Example::
+
+        store = ChunkStore(budget_bytes=1 << 20)
+        store.put_canonical("k", kv)
+        assert torch.equal(store.get_canonical("k").layers[0][0], kv.layers[0][0])
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, budget_bytes: Optional[int] = None,
+                 policy: PolicySpec = None, model_fingerprint: Optional[str] = None,
+                 layout: Optional[KVLayout] = None, *, memory_budget_bytes: Optional[int] = None,
+                 on_corrupt: Literal["raise", "miss"] = "raise") -> None:
+        if budget_bytes is not None and budget_bytes < 0:
+            raise WindowkitError(f"budget_bytes must be >= 0 or None, got {budget_bytes}")
+        if memory_budget_bytes is not None and (path is None or memory_budget_bytes < 0):
+            raise WindowkitError("memory_budget_bytes bounds the memory cache in front of a disk tier: it needs a "
+                                 "path and a value >= 0 (a memory-only store is bounded by budget_bytes)")
+        if on_corrupt not in ("raise", "miss"):
+            raise WindowkitError(f"on_corrupt must be 'raise' or 'miss', got {on_corrupt!r}")
+        try:
+            self._policy: EvictionPolicy = make_eviction_policy(policy)
+        except (ValueError, TypeError) as e:
+            raise WindowkitError(str(e)) from None
+        self.budget_bytes = budget_bytes
+        self.on_corrupt = on_corrupt
+        self.stats = StoreStats()
+        self._lock = threading.RLock()  # background encoders may put while the window reads
+        self._entries: dict[EntryId, _Entry] = {}
+        self._by_key: dict[str, set[EntryId]] = {}
+        self._pins: dict[EntryId, int] = {}
+        self._mem: dict[EntryId, _Payload] = {}
+        self._disk: Optional[DiskTier] = None
+        self._mem_policy: Optional[LRU] = None
+        self._mem_budget: Optional[int] = None
+        self._model_fingerprint = model_fingerprint
+        self._layout = layout
+        if path is not None:
+            self._disk = DiskTier(path, model_fingerprint, layout)
+            self._model_fingerprint, self._layout = self._disk.model_fingerprint, self._disk.layout
+            self._mem_policy = LRU()
+            self._mem_budget = budget_bytes if memory_budget_bytes is None else memory_budget_bytes
+            rows, dropped = self._disk.load_rows()
+            self.stats.corrupt_dropped += dropped
+            for row in rows:  # write order stands in for recency: access order is not persisted
+                self._add_entry(row.eid, _Entry(row.nbytes, row.meta, row))
+            if budget_bytes is not None:  # reopened with a smaller budget: shrink now
+                while self._policy.nbytes > budget_bytes:
+                    self._evict(self._policy.victim())
+
+    # ---------------------------------------------------------------- facts
+    @property
+    def model_fingerprint(self) -> Optional[str]:
+        return self._model_fingerprint
+
+    @property
+    def layout(self) -> Optional[KVLayout]:
+        return self._layout
+
+    @property
+    def path(self) -> Optional[str]:
+        return None if self._disk is None else str(self._disk.path)
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        return self._policy
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes of every entry (the quantity ``budget_bytes`` bounds)."""
+        return self._policy.nbytes
+
+    @property
+    def memory_nbytes(self) -> int:
+        """Payload bytes held in memory (equals ``nbytes`` for a memory-only store)."""
+        return self._policy.nbytes if self._mem_policy is None else self._mem_policy.nbytes
+
+    @property
+    def pinned_nbytes(self) -> int:
+        with self._lock:
+            return sum(self._entries[e].nbytes for e in self._pins if e in self._entries)
+
+    def chunk_key(self, content_hash: str) -> str:
+        """``chunk_key(content_hash, self.model_fingerprint)``."""
+        return chunk_key(content_hash, self._model_fingerprint)
+
+    def __len__(self) -> int:
+        """Number of entries: canonicals plus patches."""
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.has_canonical(key)
+
+    def keys(self) -> list[str]:
+        """Chunk keys that have a canonical (a snapshot; patches are listed by ``patches(key)``)."""
+        with self._lock:
+            return [k for (kind, k, _) in self._entries if kind == CANONICAL]
+
+    def patches(self, key: str) -> list[str]:
+        """Context hashes of the patches stored for chunk ``key``."""
+        with self._lock:
+            return sorted(ctx for kind, _, ctx in self._by_key.get(key, ()) if kind == PATCH)
+
+    def has_canonical(self, key: str) -> bool:
+        return (CANONICAL, key, "") in self._entries
+
+    def has_patch(self, key: str, ctx: str) -> bool:
+        return (PATCH, key, ctx) in self._entries
+
+    def meta(self, key: str, ctx: Optional[str] = None) -> dict:
+        """The ``meta`` given at put time (a copy); ChunkNotFoundError if absent."""
+        e = self._entries.get(_eid(key, ctx))
+        if e is None:
+            raise ChunkNotFoundError(f"no {'patch' if ctx is not None else 'canonical'} for chunk key {key!r}")
+        return json.loads(json.dumps(e.meta))
+
+    def entry_path(self, key: str, ctx: Optional[str] = None) -> Optional[str]:
+        """The file holding an entry (None for a memory-only store); ChunkNotFoundError if absent."""
+        e = self._entries.get(_eid(key, ctx))
+        if e is None:
+            raise ChunkNotFoundError(f"no {'patch' if ctx is not None else 'canonical'} for chunk key {key!r}")
+        return None if e.row is None or self._disk is None else str(self._disk.objects / e.row.file)
+
+    # ---------------------------------------------------------------- put
+    def put_canonical(self, key: str, kv: ChunkKV, meta: Optional[dict] = None) -> bool:
+        """Store ``KV(B|∅)`` under ``key`` (replacing any previous one). False if refused for budget.
+
+            store.put_canonical(store.chunk_key(chunk.content_hash()), kv, {"tokens": len(chunk)})
+        """
+        if not isinstance(kv, ChunkKV):
+            raise KVShapeError(f"put_canonical takes a ChunkKV, got {type(kv).__name__}")
+        self._check_layout(kv.layout, "canonical")
+        return self._put(_eid(key, None), kv.to_tensors(), None, kv.nbytes, meta)
+
+    def put_patch(self, key: str, ctx: str, patch: Patch, meta: Optional[dict] = None) -> bool:
+        """Store a patch of chunk ``key`` formed on context ``ctx`` (see ``context_hash``)."""
+        if not isinstance(patch, Patch):
+            raise KVShapeError(f"put_patch takes a Patch, got {type(patch).__name__}")
+        _check_ctx(ctx)
+        self._check_layout(patch.layout, "patch")
+        tensors, pmeta = patch.to_tensors()
+        return self._put(_eid(key, ctx), tensors, pmeta, patch.nbytes, meta)
+
+    def _put(self, eid: EntryId, tensors: Tensors, patch_meta: Optional[dict[str, str]], nbytes: int,
+             meta: Optional[dict]) -> bool:
+        meta = _check_meta(meta)
+        # a private copy: the caller may edit its tensors in place later (the store is content-addressed)
+        tensors = {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}
+        with self._lock:
+            self._check_open()
+            budget = self.budget_bytes
+            if budget is not None:
+                old = self._entries.get(eid)
+                held = self.pinned_nbytes - (old.nbytes if old is not None and eid in self._pins else 0)
+                reason = "too_large" if nbytes > budget else "pinned" if held + nbytes > budget else None
+                if reason is not None:  # refuse before evicting anything
+                    self.stats.rejected += 1
+                    self.stats.rejected_reasons[reason] = self.stats.rejected_reasons.get(reason, 0) + 1
+                    return False
+            if eid in self._entries:
+                self._remove(eid, evicted=False)
+            if budget is not None:
+                while self._policy.nbytes + nbytes > budget:
+                    self._evict(self._policy.victim())
+            row = None
+            if self._disk is not None:
+                header = {_PATCH_PREFIX + k: v for k, v in (patch_meta or {}).items()}
+                row = self._disk.write(eid, tensors, header, nbytes, meta)
+                self.stats.disk_bytes_written += row.file_bytes
+            self._add_entry(eid, _Entry(nbytes, meta, row))
+            self._cache(eid, _Payload(tensors, patch_meta), nbytes)
+            self.stats.bytes_written += nbytes
+            return True
+
+    # ---------------------------------------------------------------- get
+    def get_canonical(self, key: str, *, device: torch.device | str | None = None, copy: bool = True) -> ChunkKV:
+        """The canonical KV of ``key``; ChunkNotFoundError on a miss.
+
+        The result never aliases the store's tensors unless ``copy=False`` (then treat it as read-only).
+        ``device`` moves it (disk reads land on the CPU; memory entries keep the device they were put on).
+        """
+        got = self._get(_eid(key, None), device, copy)
+        if got is None:
+            raise ChunkNotFoundError(f"no canonical KV for chunk key {key!r} in the store")
+        return got  # type: ignore[return-value]
+
+    def get_patch(self, key: str, ctx: str, *, device: torch.device | str | None = None,
+                  copy: bool = True) -> Optional[Patch]:
+        """The patch of chunk ``key`` on context ``ctx``, or None on a miss."""
+        _check_ctx(ctx)
+        return self._get(_eid(key, ctx), device, copy)  # type: ignore[return-value]
+
+    def _get(self, eid: EntryId, device, copy: bool) -> ChunkKV | Patch | None:
+        with self._lock:
+            self._check_open()
+            e = self._entries.get(eid)
+            if e is None:
+                self.stats.misses += 1
+                return None
+            payload = self._mem.get(eid)
+            if payload is not None:
+                if self._mem_policy is not None:
+                    self._mem_policy.touch(eid)
+                    self.stats.memory_hits += 1
+                obj = self._build(eid, payload)
+            else:  # disk tier: read, verify, rebuild; any failure drops the entry
+                try:
+                    tensors, header, nread = self._disk.read(e.row)  # type: ignore[union-attr]
+                    self.stats.disk_reads += 1
+                    self.stats.disk_bytes_read += nread
+                    pm = {k[len(_PATCH_PREFIX):]: v for k, v in header.items() if k.startswith(_PATCH_PREFIX)}
+                    payload = _Payload(tensors, pm if eid[0] == PATCH else None)
+                    obj = self._build(eid, payload)
+                except (CorruptEntry, KVShapeError, KeyError, ValueError) as err:
+                    self._remove(eid, evicted=False)
+                    self.stats.corrupt_dropped += 1
+                    self.stats.misses += 1
+                    if self.on_corrupt == "raise":
+                        raise StoreCorruptError(f"store entry {eid[0]}/{eid[1]}/{eid[2]} dropped: {err}") from None
+                    return None
+                self._cache(eid, payload, e.nbytes)
+            aliased = eid in self._mem  # the object's tensors are the store's own (memory tier)
+            self._policy.touch(eid)
+            self.stats.hits += 1
+            self.stats.bytes_read += e.nbytes
+        if device is not None:
+            obj = obj.to(device=device)  # a no-op for tensors already there, so aliasing is checked below
+        return _copy_aliased(obj, payload.tensors) if (copy and aliased) else obj
+
+    def _build(self, eid: EntryId, payload: _Payload) -> ChunkKV | Patch:
+        if self._layout is None:  # pragma: no cover  (an entry implies a layout)
+            raise KVShapeError("store has entries but no layout")
+        if eid[0] == CANONICAL:
+            return ChunkKV.from_tensors(payload.tensors, self._layout)
+        return Patch.from_tensors(payload.tensors, payload.patch_meta or {}, self._layout)
+
+    # ---------------------------------------------------------------- pins, drops
+    def pin(self, key: str, ctx: Optional[str] = None) -> None:
+        """Protect the canonical of ``key`` (or, with ``ctx``, that patch) from eviction.
+
+        Pins count (pin twice, unpin twice) and may precede the put they protect; they live in this
+        process only. An explicit ``drop`` still removes a pinned entry.
+        """
+        eid = _eid(key, ctx)
+        with self._lock:
+            self._pins[eid] = self._pins.get(eid, 0) + 1
+            if self._pins[eid] == 1 and eid in self._entries:
+                pass
+
+    def unpin(self, key: str, ctx: Optional[str] = None) -> None:
+        """Release one pin; unpinning something not pinned is a no-op."""
+        eid = _eid(key, ctx)
+        with self._lock:
+            n = self._pins.get(eid, 0)
+            if n <= 0:
+                return
+            if n > 1:
+                self._pins[eid] = n - 1
+                return
+            del self._pins[eid]
+            if eid in self._entries:
+                self._policy.unpin(eid)
+
+    def is_pinned(self, key: str, ctx: Optional[str] = None) -> bool:
+        return self._pins.get(_eid(key, ctx), 0) > 0
+
+    def drop(self, key: str, ctx: Optional[str] = None) -> int:
+        """Remove chunk ``key``'s canonical and all its patches (or, with ``ctx``, that one patch), pinned
+        or not. Returns the number of entries removed (0 if none)."""
+        with self._lock:
+            self._check_open()
+            eids = [_eid(key, ctx)] if ctx is not None else list(self._by_key.get(key, ()))
+            n = 0
+            for eid in eids:
+                if eid in self._entries:
+                    self._remove(eid, evicted=False)
+                    n += 1
+            return n
+
+    def verify(self) -> int:
+        """Read and checksum every disk entry now; drop the corrupt ones. Returns how many were dropped."""
+        if self._disk is None:
+            return 0
+        dropped = 0
+        with self._lock:
+            self._check_open()
+            for eid, e in list(self._entries.items()):
+                try:
+                    self._disk.read(e.row)  # type: ignore[arg-type]
+                except CorruptEntry:
+                    self._remove(eid, evicted=False)
+                    self.stats.corrupt_dropped += 1
+                    dropped += 1
+        return dropped
+
+    def close(self) -> None:
+        """Release the disk tier (index connection and lock). A memory-only store just empties."""
+        with self._lock:
+            if self._disk is not None:
+                self._disk.close()
+            self._closed = True
+
+    def __enter__(self) -> "ChunkStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = f"path={self.path!r}" if self._disk is not None else "memory"
+        return (f"ChunkStore({where}, entries={len(self)}, nbytes={self.nbytes}, budget_bytes={self.budget_bytes}, "
+                f"policy={self._policy.name})")
+
+    # ---------------------------------------------------------------- internals
+    _closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WindowkitError("the chunk store is closed")
+
+    def _check_layout(self, layout: KVLayout, what: str) -> None:
+        with self._lock:
+            if self._layout is None:
+                self._layout = layout
+                if self._disk is not None:
+                    self._disk.set_layout(layout)
+            elif layout != self._layout:
+                raise KVShapeError(f"{what} has layout {layout.describe()}; the store holds {self._layout.describe()}")
+
+    def _add_entry(self, eid: EntryId, e: _Entry) -> None:
+        self._entries[eid] = e
+        self._by_key.setdefault(eid[1], set()).add(eid)
+        self._policy.insert(eid, e.nbytes)
+        if self._pins.get(eid, 0) > 0:
+            self._policy.pin(eid)
+
+    def _remove(self, eid: EntryId, evicted: bool) -> None:
+        e = self._entries.pop(eid)
+        keyset = self._by_key[eid[1]]
+        keyset.discard(eid)
+        if not keyset:
+            del self._by_key[eid[1]]
+        self._policy.remove(eid, evicted=evicted)
+        if self._mem.pop(eid, None) is not None and self._mem_policy is not None:
+            self._mem_policy.remove(eid)
+        if self._disk is not None and e.row is not None:
+            self._disk.delete(e.row)
+
+    def _evict(self, eid: Optional[EntryId]) -> None:
+        if eid is None:  # pragma: no cover  (puts check feasibility first)
+            raise WindowkitError("store over budget with nothing evictable")
+        self._remove(eid, evicted=True)
+        self.stats.evictions += 1
+
+    def _cache(self, eid: EntryId, payload: _Payload, nbytes: int) -> None:
+        """Keep ``payload`` in memory: always for a memory-only store, within the cache budget otherwise."""
+        if self._mem_policy is None:
+            self._mem[eid] = payload
+            return
+        if self._mem_budget is not None:
+            if nbytes > self._mem_budget:
+                return
+            while self._mem_policy.nbytes + nbytes > self._mem_budget:
+                old = self._mem_policy.victim()
+                self._mem_policy.remove(old, evicted=True)
+                del self._mem[old]
+                self.stats.memory_evictions += 1
+        self._mem[eid] = payload
+        self._mem_policy.insert(eid, nbytes)
+
+
+# -------------------------------------------------------------------- helpers
+def _eid(key: str, ctx: Optional[str]) -> EntryId:
+    if not isinstance(key, str) or not key:
+        raise ChunkNotFoundError(f"chunk keys are non-empty strings, got {key!r}")
+    return (CANONICAL, key, "") if ctx is None else (PATCH, key, ctx)
+
+
+def _check_ctx(ctx: str) -> None:
+    if not isinstance(ctx, str):
+        raise WindowkitError(f"a patch context is a string (see context_hash), got {type(ctx).__name__}")
+
+
+def _check_meta(meta: Optional[dict]) -> dict:
+    if meta is None:
+        return {}
+    try:  # JSON round trip: the index stores it as JSON, and the caller's dict must not alias ours
+        return json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as e:
+        raise WindowkitError(f"store meta must be JSON-serialisable: {e}") from None
+
+
+def _copy_aliased(obj: ChunkKV | Patch, store_tensors: Tensors) -> ChunkKV | Patch:
+    """Clone the tensors of ``obj`` that share storage with the store's; leave fresh ones alone."""
+    ptrs = {t.untyped_storage().data_ptr() for t in store_tensors.values()}
+    fix = lambda t: t.clone() if t.untyped_storage().data_ptr() in ptrs else t  # noqa: E731
+    if isinstance(obj, ChunkKV):
+        return ChunkKV([(fix(a), fix(b)) for a, b in obj.layers], obj.layout, obj.positions)
+    return Patch({k: (fix(u), fix(v)) for k, (u, v) in obj.factors.items()}, obj.layout, obj.num_tokens, obj.rank,
+                 obj.rope_rank, dict(obj.energy), dict(obj.meta))
+
+
+__all__ = ["ChunkStore", "StoreStats"]

@@ -1,0 +1,140 @@
+"""``windowkit verify``: a fidelity table per model, against the model's own re-prefill.
+
+For each model and trial: an antecedent chunk A, a chunk B and a short query q.
+  ceiling   one forward over [A · B · q]                                   (re-prefill)
+  blind     KV(A) + R(δ)·KV(B|∅), then q                                   (relocate only)
+  rank m    KV(A) + R(δ)·(KV(B|∅) + U_m V_mᵀ), then q                       (the patch)
+Reports the relocation error (R(δ)·KV(B|∅) vs the model's own KV(B|∅) at δ), next-token KL to the ceiling,
+eta (fraction of the blind gap closed) and patch bytes as % of B's KV.
+
+    windowkit verify --model tiny-llama --model /path/to/local/checkpoint
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+import torch
+
+from windowkit.backends.hf import HFBackend, load_model
+from windowkit.chunk import Chunk
+from windowkit.kv.layout import concat
+from windowkit.kv.metrics import eta, kl_divergence
+from windowkit.kv.patch import form_patch, place
+
+DEFAULT_MODELS = ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-deepseek-v3", "tiny-llama", "tiny-qwen2"]
+DEFAULT_RANKS: list[Optional[int]] = [1, 4, 16, 32, 64, None]
+
+
+def _chunks(backend: HFBackend, seed: int) -> tuple[Chunk, Chunk, Chunk]:
+    g = torch.Generator().manual_seed(seed)
+    vocab = backend.vocab_size
+    lo = 10
+
+    def text(n: int, tag: str) -> Chunk:
+        return Chunk.text(torch.randint(lo, vocab, (n,), generator=g), id=f"{tag}{seed}")
+
+    if backend.model_type in ("qwen2_5_vl", "qwen3_vl"):
+        from windowkit.backends.tiny import synthetic_image_chunk
+
+        if backend.model_type == "qwen3_vl":
+            grid = (1, 16, 16)  # patch 16: 256 patches -> 64 tokens
+        else:
+            grid = (1, 16, 16)
+        a = synthetic_image_chunk(backend.model, grid, seed=1000 + seed, id=f"A{seed}", text_before=8)
+        b = synthetic_image_chunk(backend.model, grid, seed=2000 + seed, id=f"B{seed}", text_before=8)
+        return a, b, text(8, "q")
+    return text(64, "A"), text(64, "B"), text(8, "q")
+
+
+def verify_model(name: str, ranks: Sequence[Optional[int]] = DEFAULT_RANKS, trials: int = 3,
+                 dtype: torch.dtype = torch.float32, device: str = "cpu", model: Any = None) -> dict:
+    """Fidelity numbers for one model, averaged over ``trials`` random (A, B, q) triples."""
+    model = model if model is not None else load_model(name, dtype=dtype, device=device)
+    be = HFBackend(model)
+    rows: dict[str, list[float]] = {"reloc_err": [], "kl_blind": []}
+    for r in ranks:
+        rows[f"kl_r{r or 'full'}"] = []
+        rows[f"bytes_r{r or 'full'}"] = []
+    for t in range(trials):
+        a, b, q = _chunks(be, t)
+        full = be.forward([a, b, q], 0)
+        ref = full.logits
+        ra = be.forward([a], 0)
+        delta = ra.spans[0]
+        cond = be.forward([b], delta, past=ra.kv).kv
+        canon = be.encode(b)
+        own = be.forward([b], delta).kv  # the model's own KV(B|∅) placed at δ
+        moved = canon.relocate(delta, be.rope)
+        rs = be.layout.rope_slot
+        err = max(float((m[rs].float() - o[rs].float()).norm() / o[rs].float().norm().clamp_min(1e-30))
+                  for m, o in zip(moved.layers, own.layers))
+        rows["reloc_err"].append(err)
+        qstart = delta + be.span(b)
+
+        def kl_with(kv_b) -> float:
+            return kl_divergence(ref, be.forward([q], qstart, past=concat([ra.kv, kv_b])).logits)
+
+        rows["kl_blind"].append(kl_with(place(canon, delta, be.rope)))
+        for r in ranks:
+            p = form_patch(cond, canon, delta, be.rope, r)
+            rows[f"kl_r{r or 'full'}"].append(kl_with(place(canon, delta, be.rope, p)))
+            rows[f"bytes_r{r or 'full'}"].append(100.0 * p.fraction_of(canon))
+        for c in (a, b, q):
+            be.forget(c)
+    out = {k: sum(v) / len(v) for k, v in rows.items()}
+    out["layout"] = be.layout.describe()
+    out["model"] = name
+    out["chunk_tokens"] = len(_chunks(be, 0)[1])
+    for r in ranks:
+        out[f"eta_r{r or 'full'}"] = eta(out["kl_blind"], out[f"kl_r{r or 'full'}"])
+    return out
+
+
+def format_table(results: Sequence[dict], ranks: Sequence[Optional[int]] = DEFAULT_RANKS) -> str:
+    names = [f"r{r or 'full'}" for r in ranks]
+    head = "| model | layout | B tokens | reloc err | KL blind | " + " | ".join(f"KL {n}" for n in names) + " |"
+    sep = "|" + "---|" * (5 + len(names))
+    lines = ["### next-token KL to re-prefill (lower is better)", "", head, sep]
+    for r in results:
+        lines.append(f"| {r['model']} | {r['layout']} | {r['chunk_tokens']} | {r['reloc_err']:.1e} | {r['kl_blind']:.2e} | "
+                     + " | ".join(f"{r['kl_' + n]:.2e}" for n in names) + " |")
+    lines += ["", "### eta (fraction of the blind gap closed) and patch bytes (% of the chunk's KV)", "",
+              "| model | " + " | ".join(f"eta {n}" for n in names) + " | " + " | ".join(f"bytes {n}" for n in names) + " |",
+              "|" + "---|" * (1 + 2 * len(names))]
+    for r in results:
+        lines.append(f"| {r['model']} | " + " | ".join(f"{r['eta_' + n]:.3f}" for n in names) + " | "
+                     + " | ".join(f"{r['bytes_' + n]:.1f}%" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="windowkit verify", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", action="append", help="tiny model name or local checkpoint path (repeatable)")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", dest="json_path", help="also write the numbers as JSON")
+    args = ap.parse_args(argv)
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    models = args.model or DEFAULT_MODELS
+    results = []
+    from tqdm import tqdm
+
+    for name in tqdm(models, desc="verify", unit="model", file=sys.stderr):
+        t0 = time.time()
+        res = verify_model(name, trials=args.trials, dtype=dtype, device=args.device)
+        res["seconds"] = round(time.time() - t0, 2)
+        results.append(res)
+    print(format_table(results))
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(results, f, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    return 0
+
+
+__all__ = ["verify_model", "format_table", "main", "DEFAULT_MODELS"]

@@ -1,0 +1,527 @@
+"""The Window: a deque of position-free KV chunks that an agent edits instead of re-prefilling.
+
+    win = Window(backend, rank=32, mode="patch")
+    a = win.admit(Chunk.text(ids_a)); b = win.admit(Chunk.text(ids_b))
+    win.evict("head")                 # survivors only relocate (keep-as-is)
+    win.recall(a)                     # fresh patch on a's now-fixed earlier context
+    logits = win.forward(query_ids)   # next-token logits after the window; the window is unchanged
+
+Modes
+  exact  re-prefill of the whole window (the ceiling; every materialize runs one forward)
+  blind  canonical KV(B|∅) relocated to its place, no patch (cheap, loses cross-chunk binding)
+  patch  the first admission keeps its conditioned prefill; later placements use R(δ)(KV(B|∅) + U_m V_mᵀ)
+
+Each entry holds the chunk's *current* KV at a known start position. Moving an entry (evict before it,
+recall or reorder) relocates that KV by the position delta: exact algebra, the paper's keep-as-is.
+A chunk (re-)entering behind a context gets the patch keyed by (chunk, context hash) from the store, or
+one formed now from a single conditioned forward and stored for the next time that context recurs.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Optional, Sequence, Union
+
+import torch
+
+from windowkit.chunk import Chunk
+from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, WindowkitError
+from windowkit.kv.layout import ChunkKV, concat
+from windowkit.kv.patch import Patch, form_orbit_patch, form_patch, form_removal_patch, orderings, place
+from windowkit.store import ChunkStore, chunk_key, context_hash, orbit_context_hash
+
+Mode = Literal["patch", "blind", "exact"]
+Where = Union[str, int]
+
+
+@dataclass
+class WindowStats:
+    """Counters an agent can log per step (all cumulative)."""
+
+    encodes: int = 0  # canonical KV(B|∅) encodes (forward of a chunk alone)
+    patch_forms: int = 0  # patches formed (SVD of a deficit)
+    patch_reuses: int = 0  # patches found in the store for the wanted context
+    patch_applies: int = 0  # rank-m adds done at placement
+    relocations: int = 0  # chunk KVs re-rotated to a new position
+    prefill_tokens: int = 0  # tokens run through the model (conditioned forwards, exact prefills)
+    reused_tokens: int = 0  # tokens placed from stored KV instead of a prefill
+    fallbacks: int = 0  # edits that fell back to an exact re-prefill
+    forwards: int = 0
+    bytes_moved: int = 0  # KV bytes written by relocate / patch apply
+    est_ms_saved: float = 0.0  # reused tokens x measured prefill ms/token, minus time spent editing
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Edit:
+    """One pending edit, as ``plan()`` lists it."""
+
+    op: str  # "place" | "relocate" | "form-patch" | "prefill"
+    chunk_id: str
+    tokens: int
+    est_ms: float
+    est_bytes: int
+
+    def __repr__(self) -> str:
+        return f"Edit({self.op} {self.chunk_id} tokens={self.tokens} ~{self.est_ms:.2f}ms {self.est_bytes}B)"
+
+
+@dataclass
+class _Entry:
+    chunk: Chunk
+    key: str  # store key of the canonical
+    span: int  # position-space span
+    kv: Optional[ChunkKV] = None  # current KV (patch/blind modes), valid at kv_start
+    kv_start: int = 0
+    ctx: str = ""  # context hash the KV's conditioning was formed on
+    ante: tuple[str, ...] = ()  # ordered antecedent chunk ids at formation
+
+    @property
+    def id(self) -> str:
+        return self.chunk.id
+
+
+class Window:
+    """A sliding window of KV chunks: admit / evict / recall / reorder / assign, then materialize or forward.
+
+    backend:  an HFBackend (or anything with the Backend protocol)
+    store:    ChunkStore holding canonicals and patches (memory by default)
+    rank:     patch rank m; ``None`` keeps full rank (exact up to rounding)
+    mode:     "patch" | "blind" | "exact"
+    prefix:   optional fixed prefix (system prompt) kept exact at positions 0..
+    patch_layers: None (all) | "deep" | list of layer ids
+    svd:      "exact" | "randomized" (cheaper forming)
+    removal_patches: re-condition survivors after an eviction with a removal patch (deepstack models)
+    """
+
+    def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
+                 prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *, patch_layers=None,
+                 svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
+                 orbit_samples: int = 24):
+        if mode not in ("patch", "blind", "exact"):
+            raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
+        if rank is not None and int(rank) < 1:
+            raise WindowkitError(f"rank must be >= 1 or None (full rank), got {rank}")
+        self.backend = backend
+        self.store = store if store is not None else ChunkStore(model_fingerprint=backend.fingerprint(),
+                                                                layout=backend.layout)
+        self.rank = rank
+        self.mode: Mode = mode
+        self.patch_layers = patch_layers
+        self.svd = svd
+        self.removal_patches = removal_patches
+        self.removal_rank = removal_rank
+        self.orbit_samples = orbit_samples
+        self.stats = WindowStats()
+        self._entries: deque[_Entry] = deque()
+        self._evicted: dict[str, Chunk] = {}
+        self._known: dict[str, Chunk] = {}
+        self._ms_per_token: Optional[float] = None
+        self._exact_cache: Optional[tuple[int, ChunkKV]] = None
+        self._version = 0
+        self.prefix: Optional[Chunk] = None
+        self._prefix_kv: Optional[ChunkKV] = None
+        self._prefix_span = 0
+        if prefix is not None:
+            self.prefix = prefix if isinstance(prefix, Chunk) else Chunk.text(torch.as_tensor(prefix), id="__prefix__")
+            res = self._run([self.prefix], 0, None)
+            self._prefix_kv, self._prefix_span = res.kv, res.spans[0]
+
+    # ================================================================== facts
+    @property
+    def ids(self) -> list[str]:
+        return [e.id for e in self._entries]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, chunk_id: str) -> bool:
+        return any(e.id == chunk_id for e in self._entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(e.chunk) for e in self._entries) + (len(self.prefix) if self.prefix is not None else 0)
+
+    @property
+    def next_position(self) -> int:
+        return self._prefix_span + sum(e.span for e in self._entries)
+
+    def starts(self) -> list[int]:
+        """Start position of every entry (contiguous after the prefix)."""
+        out, p = [], self._prefix_span
+        for e in self._entries:
+            out.append(p)
+            p += e.span
+        return out
+
+    @property
+    def evicted_ids(self) -> list[str]:
+        return list(self._evicted)
+
+    def chunk(self, chunk_id: str) -> Chunk:
+        c = self._known.get(chunk_id)
+        if c is None:
+            raise ChunkNotFoundError(f"chunk {chunk_id!r} was never admitted to this window")
+        return c
+
+    # ================================================================== edits
+    def admit(self, chunk: Chunk, at: Optional[int] = None) -> str:
+        """Add a new chunk (default: at the tail). Returns its id.
+
+            cid = win.admit(Chunk.text(ids))
+        """
+        if not isinstance(chunk, Chunk):
+            raise ChunkError(f"admit expects a windowkit.Chunk, got {type(chunk).__name__}")
+        if chunk.id in self:
+            raise WindowkitError(f"chunk {chunk.id!r} is already in the window")
+        self._known[chunk.id] = chunk
+        self._evicted.pop(chunk.id, None)
+        return self._insert(chunk, at)
+
+    def evict(self, which: Where = "head") -> str:
+        """Remove a chunk: "head", "tail" or an id. O(1) at either end; survivors only relocate.
+
+        The canonical stays in the store, so ``recall`` can bring the chunk back later.
+        """
+        if not self._entries:
+            raise ChunkNotFoundError("evict from an empty window")
+        if which == "head":
+            idx = 0
+        elif which == "tail":
+            idx = len(self._entries) - 1
+        else:
+            idx = self._index(str(which))
+        if idx == 0:
+            e = self._entries.popleft()
+        elif idx == len(self._entries) - 1:
+            e = self._entries.pop()
+        else:
+            e = self._entries[idx]
+            del self._entries[idx]
+        self._evicted[e.id] = e.chunk
+        self._version += 1
+        if self.mode == "patch" and idx < len(self._entries):
+            if self.removal_patches:
+                self._recondition_survivors(idx)
+            else:
+                self._refresh_known(idx)
+        return e.id
+
+    def recall(self, chunk_id: str, at: Optional[int] = None) -> str:
+        """Bring an evicted chunk back at index ``at`` (default tail): canonical + R(δ) + a fresh patch
+        on its now-fixed earlier context (never the patch frozen at eviction)."""
+        if chunk_id in self:
+            raise WindowkitError(f"chunk {chunk_id!r} is already in the window")
+        chunk = self._evicted.pop(chunk_id, None) or self._known.get(chunk_id)
+        if chunk is None:
+            raise ChunkNotFoundError(f"chunk {chunk_id!r} was never admitted; admit it first")
+        cid = self._insert(chunk, at)
+        if self.mode == "patch":
+            self._refresh_known(self._index(cid) + 1)
+        return cid
+
+    def reorder(self, ids: Sequence[str]) -> None:
+        """Same set, new order. Chunks whose antecedents changed get the orbit patch of their new
+        antecedent set (one patch serves every ordering of that set)."""
+        ids = list(ids)
+        if sorted(ids) != sorted(self.ids) or len(set(ids)) != len(ids):
+            raise WindowkitError(f"reorder needs a permutation of the window's ids {self.ids}, got {ids}")
+        if ids == self.ids:
+            return
+        by_id = {e.id: e for e in self._entries}
+        self._entries = deque(by_id[i] for i in ids)
+        self._version += 1
+        if self.mode != "patch":
+            return
+        starts = self.starts()
+        for i, e in enumerate(self._entries):
+            ante = tuple(x.id for x in list(self._entries)[:i])
+            if ante == e.ante:
+                continue  # same ordered context: the current KV only relocates
+            self._condition_orbit(e, i, starts[i], ante)
+
+    def assign(self, chunks: Sequence[Chunk]) -> None:
+        """Declarative: make the window hold exactly ``chunks`` in this order, with few edits:
+        evict what is not wanted, keep survivors (relocated), recall known chunks, admit new ones."""
+        wanted = list(chunks)
+        want_ids = [c.id for c in wanted]
+        if len(set(want_ids)) != len(want_ids):
+            raise WindowkitError("assign: duplicate chunk ids")
+        for cid in [i for i in self.ids if i not in set(want_ids)]:
+            self.evict(cid)
+        survivors = [i for i in want_ids if i in self]
+        if survivors != self.ids:
+            self.reorder(survivors)
+        for idx, c in enumerate(wanted):
+            if c.id in self:
+                continue
+            if c.id in self._known:
+                self.recall(c.id, at=idx)
+            else:
+                self.admit(c, at=idx)
+
+    # ================================================================== reading the window
+    def plan(self) -> list[Edit]:
+        """Edits ``materialize`` will run now, with estimated ms and bytes (no tensor work)."""
+        ms_tok = self._ms_per_token or 0.0
+        edits: list[Edit] = []
+        if self.mode == "exact":
+            if self._exact_cache is None or self._exact_cache[0] != self._version:
+                n = self.num_tokens
+                edits.append(Edit("prefill", "*", n, n * ms_tok, self._kv_bytes_per_token() * n))
+            return edits
+        for e, s in zip(self._entries, self.starts()):
+            if e.kv is not None and e.kv_start != s:
+                n = len(e.chunk)
+                b = self._rope_bytes_per_token() * n
+                edits.append(Edit("relocate", e.id, n, self._bandwidth_ms(2 * b), 2 * b))
+        return edits
+
+    def materialize(self) -> tuple[Any, torch.Tensor]:
+        """A transformers Cache holding the window, and the next position id(s) [n_axes, 1]."""
+        kv = self.window_kv()
+        return self.backend.make_cache(kv), torch.full((self.backend.n_axes, 1), self.next_position, dtype=torch.long)
+
+    def window_kv(self) -> Optional[ChunkKV]:
+        """The window's KV (prefix + chunks, window order) as one ChunkKV."""
+        if self.mode == "exact":
+            return self._exact_kv()
+        parts = [self._prefix_kv] if self._prefix_kv is not None else []
+        for e, s in zip(self._entries, self.starts()):
+            parts.append(self._kv_at(e, s))
+        return concat(parts) if parts else None
+
+    def forward(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk]) -> torch.Tensor:
+        """Next-token logits [vocab] of the last query token after the window. The window is unchanged."""
+        q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
+        past = self.window_kv()
+        res = self.backend.forward([q], self.next_position, past)
+        self.backend.forget(q)
+        return res.logits
+
+    def generate(self, query_ids: Union[Sequence[int], torch.Tensor], max_new_tokens: int = 64,
+                 eos_token_id: Optional[int] = None) -> list[int]:
+        """Greedy decode after the window (the window is unchanged). Returns the new token ids."""
+        ids = torch.as_tensor(query_ids, dtype=torch.long).reshape(-1)
+        past = self.window_kv()
+        pos = self.next_position
+        out: list[int] = []
+        step = Chunk.text(ids, id="__gen__")
+        for _ in range(int(max_new_tokens)):
+            res = self.backend.forward([step], pos, past)
+            self.backend.forget(step)
+            past = res.kv if past is None else concat([past, res.kv])
+            pos += res.spans[0]
+            tok = int(res.logits.argmax())
+            out.append(tok)
+            if eos_token_id is not None and tok == eos_token_id:
+                break
+            step = Chunk.text(torch.tensor([tok]), id="__gen__")
+        return out
+
+    # ================================================================== internals
+    def _index(self, chunk_id: str) -> int:
+        for i, e in enumerate(self._entries):
+            if e.id == chunk_id:
+                return i
+        raise ChunkNotFoundError(f"chunk {chunk_id!r} is not in the window (ids: {self.ids})")
+
+    def _run(self, chunks: Sequence[Chunk], start: int, past: Optional[ChunkKV]):
+        t0 = time.perf_counter()
+        res = self.backend.forward(chunks, start, past)
+        dt = (time.perf_counter() - t0) * 1e3
+        n = sum(res.token_counts)
+        self.stats.forwards += 1
+        self.stats.prefill_tokens += n
+        rate = dt / max(n, 1)  # ms per token, smoothed: used for estimates only
+        self._ms_per_token = rate if self._ms_per_token is None else 0.8 * self._ms_per_token + 0.2 * rate
+        return res
+
+    def _canonical(self, e: _Entry) -> ChunkKV:
+        if self.store.has_canonical(e.key):
+            try:
+                return self.store.get_canonical(e.key, copy=False)  # read-only use: edits make new tensors
+            except WindowkitError:  # corrupt or vanished entry: recompute, never serve
+                self.stats.fallbacks += 1
+        res = self._run([e.chunk], 0, None)
+        self.stats.encodes += 1
+        self.store.put_canonical(e.key, res.kv, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+        return res.kv
+
+    def _ctx(self, ante: Sequence[str]) -> str:
+        return context_hash(list(ante), prefix=self.prefix.id if self.prefix is not None else "")
+
+    def _insert(self, chunk: Chunk, at: Optional[int]) -> str:
+        n = len(self._entries)
+        idx = n if at is None else int(at)
+        if idx < 0:
+            idx += n + 1
+        if not 0 <= idx <= n:
+            raise WindowkitError(f"position {at} outside 0..{n}")
+        key = chunk_key(chunk.content_hash(), self.backend.fingerprint())
+        e = _Entry(chunk, key, self.backend.span(chunk))
+        if self.mode != "exact":
+            start = self._prefix_span + sum(x.span for x in list(self._entries)[:idx])
+            ante = tuple(x.id for x in list(self._entries)[:idx])
+            if self.mode == "blind":
+                canon = self._canonical(e)
+                e.kv, e.kv_start = self._placed(canon, start, None), start
+            else:
+                self._condition(e, idx, start, ante)
+        if idx == n:
+            self._entries.append(e)
+        elif idx == 0:
+            self._entries.appendleft(e)
+        else:
+            self._entries.insert(idx, e)
+        self._version += 1
+        return chunk.id
+
+    def _condition(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
+        """Give ``e`` its KV conditioned on ``ante``: a stored patch if that context recurs, else one
+        conditioned forward (kept as the KV) and a patch formed from it for next time."""
+        ctx = self._ctx(ante)
+        patch = self.store.get_patch(e.key, ctx)
+        if patch is not None and patch.num_tokens == len(e.chunk):
+            canon = self._canonical(e)
+            e.kv, e.kv_start = self._placed(canon, start, patch), start
+            self.stats.patch_reuses += 1
+        else:
+            past = self._kv_upto(idx)
+            res = self._run([e.chunk], start, past)
+            canon = self._canonical(e)
+            p = form_patch(res.kv, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
+                           method=self.svd, meta={"kind": "fresh", "context": ctx})
+            self.stats.patch_forms += 1
+            self.store.put_patch(e.key, ctx, p)
+            e.kv, e.kv_start = res.kv, start
+        e.ctx, e.ante = ctx, ante
+
+    def _condition_orbit(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
+        exact_ctx = self._ctx(ante)
+        canon = self._canonical(e)
+        patch = self.store.get_patch(e.key, exact_ctx)
+        if patch is None and ante:
+            pref = self.prefix.id if self.prefix is not None else ""
+            octx = orbit_context_hash(list(ante), prefix=pref)
+            patch = self.store.get_patch(e.key, octx)
+            if patch is None:
+                conds = []
+                for perm in orderings(ante, limit=self.orbit_samples):
+                    chunks = ([self.prefix] if self.prefix is not None else []) + [self.chunk(i) for i in perm]
+                    res = self._run(chunks + [e.chunk], 0, None)
+                    conds.append(res.kv.slice(res.kv.num_tokens - len(e.chunk), res.kv.num_tokens))
+                patch = form_orbit_patch(conds, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
+                                         method=self.svd, meta={"context": octx})
+                self.stats.patch_forms += 1
+                self.store.put_patch(e.key, octx, patch)
+            else:
+                self.stats.patch_reuses += 1
+        elif patch is not None:
+            self.stats.patch_reuses += 1
+        e.kv, e.kv_start = self._placed(canon, start, patch), start
+        e.ctx, e.ante = exact_ctx, ante
+
+    def _refresh_known(self, first: int) -> None:
+        """Survivors from ``first`` on have new antecedents. Where the exact conditioning for the new context
+        is known for free (no antecedent and no prefix: the canonical itself; or a stored patch for exactly
+        this context) use it; otherwise keep the current KV as-is (it only relocates)."""
+        entries = list(self._entries)
+        starts = self.starts()
+        for i in range(first, len(entries)):
+            e = entries[i]
+            ante = tuple(x.id for x in entries[:i])
+            if ante == e.ante:
+                continue
+            ctx = self._ctx(ante)
+            if not ante and self.prefix is None:
+                e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
+            else:
+                patch = self.store.get_patch(e.key, ctx)
+                if patch is None or patch.num_tokens != len(e.chunk):
+                    continue  # keep-as-is: relocation only
+                e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
+                self.stats.patch_reuses += 1
+            e.ctx, e.ante = ctx, ante
+
+    def _recondition_survivors(self, first: int) -> None:
+        """Removal patches for the survivors behind an eviction: one forward of them over the new context."""
+        entries = list(self._entries)
+        starts = self.starts()
+        past = self._kv_upto(first)
+        res = self._run([e.chunk for e in entries[first:]], starts[first], past)
+        off = 0
+        for e, s in zip(entries[first:], starts[first:]):
+            n = len(e.chunk)
+            target = res.kv.slice(off, off + n)
+            off += n
+            kept = self._kv_at(e, s).relocate(-s, self.backend.rope)  # canonical frame of the kept KV
+            p = form_removal_patch(target, kept, s, self.backend.rope, self.removal_rank, layers=self.patch_layers,
+                                   method=self.svd)
+            self.stats.patch_forms += 1
+            e.kv, e.kv_start = self._placed(kept, s, p), s
+            e.ante = tuple(x.id for x in entries[:entries.index(e)])
+            e.ctx = self._ctx(e.ante)
+
+    def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
+        parts = [self._prefix_kv] if self._prefix_kv is not None else []
+        for e, s in zip(list(self._entries)[:idx], self.starts()[:idx]):
+            parts.append(self._kv_at(e, s))
+        return concat(parts) if parts else None
+
+    def _kv_at(self, e: _Entry, start: int) -> ChunkKV:
+        if e.kv is None:
+            raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
+        if e.kv_start != start:
+            t0 = time.perf_counter()
+            e.kv = e.kv.relocate(start - e.kv_start, self.backend.rope)
+            e.kv_start = start
+            self.stats.relocations += 1
+            self.stats.bytes_moved += self._rope_bytes_per_token() * len(e.chunk) * 2
+            self._credit(len(e.chunk), t0)
+        return e.kv
+
+    def _placed(self, canon: ChunkKV, start: int, patch: Optional[Patch]) -> ChunkKV:
+        t0 = time.perf_counter()
+        kv = place(canon, start, self.backend.rope, patch)
+        if patch is not None:
+            self.stats.patch_applies += 1
+        if start != 0:
+            self.stats.relocations += 1
+        self.stats.bytes_moved += kv.nbytes
+        self._credit(kv.num_tokens, t0)
+        return kv
+
+    def _credit(self, tokens: int, t0: float) -> None:
+        self.stats.reused_tokens += tokens
+        if self._ms_per_token is not None:
+            self.stats.est_ms_saved += tokens * self._ms_per_token - (time.perf_counter() - t0) * 1e3
+
+    def _exact_kv(self) -> Optional[ChunkKV]:
+        if self._exact_cache is not None and self._exact_cache[0] == self._version:
+            return self._exact_cache[1]
+        chunks = ([self.prefix] if self.prefix is not None else []) + [e.chunk for e in self._entries]
+        if not chunks:
+            return None
+        kv = self._run(chunks, 0, None).kv
+        self._exact_cache = (self._version, kv)
+        return kv
+
+    def _rope_bytes_per_token(self) -> int:
+        lay = self.backend.layout
+        h, d = lay.slot_shapes[lay.rope_slot]
+        return lay.num_layers * h * d * torch.finfo(self.backend.dtype).bits // 8
+
+    def _kv_bytes_per_token(self) -> int:
+        lay = self.backend.layout
+        return lay.num_layers * sum(h * d for h, d in lay.slot_shapes) * torch.finfo(self.backend.dtype).bits // 8
+
+    @staticmethod
+    def _bandwidth_ms(nbytes: int, gbps: float = 10.0) -> float:
+        return nbytes / (gbps * 1e9) * 1e3
+
+
+__all__ = ["Window", "WindowStats", "Edit", "Mode"]
