@@ -15,10 +15,11 @@ POSITIVE = [
     "speedup_blind", "forming_extra_exact_prefills", "forming_extra_randomized_prefills", "kv_bytes",
     "patch_bytes", "patch_pct_of_kv", "bytes_moved", "copy_ms", "copy_gbps", "reuse_gbps", "apply_bw_fraction",
     "blind_bw_fraction", "gemm_floor_ms", "bw_fraction_ceiling_gemm", "experimental_fused_ms",
-    "experimental_fused_speedup_vs_reuse", "experimental_fused_bw_fraction",
+    "experimental_fused_speedup_vs_reuse", "experimental_fused_bw_fraction", "experimental_batched_ms",
+    "speedup_best", "apply_bw_fraction_best",
 ]
 NON_NEGATIVE = ["kl_blind", "kl_patch_exact", "kl_patch_randomized", "recon_err_blind", "recon_err_patch_exact",
-                "recon_err_patch_randomized", "experimental_fused_rel_diff"]
+                "recon_err_patch_randomized", "experimental_fused_rel_diff", "experimental_batched_rel_diff"]
 # None only when re-prefill is not slower than reuse (cannot happen in practice, but it is not asserted)
 MAYBE_NONE = ["break_even_exact", "break_even_randomized", "break_even_exact_paper_style",
               "break_even_randomized_paper_style"]
@@ -51,4 +52,5 @@ def test_bench_kv_smoke(tmp_path):
     assert row["recon_err_patch_exact"] < row["recon_err_blind"]
     # the labelled experiment computes the same thing as the production operator
     assert row["experimental_fused_rel_diff"] < 1e-5
+    assert row["experimental_batched_rel_diff"] < 1e-5
     assert "| 12 |" in format_table(result)

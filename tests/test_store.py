@@ -51,6 +51,9 @@ def make_patch(seed: int = 0, tokens: int = 3, rank: int = 2, dtype: torch.dtype
 
 
 def kv_equal(a: ChunkKV, b: ChunkKV) -> bool:
+    if (a.positions is None) != (b.positions is None) or (a.positions is not None
+                                                          and not torch.equal(a.positions, b.positions)):
+        return False
     return a.layout == b.layout and all(
         x.dtype == y.dtype and torch.equal(x, y) for pa, pb in zip(a.layers, b.layers) for x, y in zip(pa, pb))
 
@@ -103,6 +106,21 @@ def test_memory_round_trip_and_no_aliasing(dtype: torch.dtype) -> None:
     assert store.meta("k") == {"tokens": 3}
     assert store.stats.hits == 4 and store.stats.bytes_read == 4 * keep.nbytes
     assert store.nbytes == keep.nbytes == store.memory_nbytes and len(store) == 1 and "k" in store
+
+
+def test_positions_round_trip_and_count(tmp_path: Path) -> None:
+    kv = make_kv(7, tokens=4)
+    kv = ChunkKV(kv.layers, kv.layout, torch.arange(12).reshape(3, 4))  # 3-D (M-RoPE) positions
+    with ChunkStore(tmp_path, memory_budget_bytes=0) as s:
+        s.put_canonical("k", kv)
+        assert s.nbytes == kv.nbytes + 3 * 4 * 8  # the budget counts every stored tensor
+        got = s.get_canonical("k")
+    assert kv_equal(got, kv)
+    mem = ChunkStore()
+    mem.put_canonical("k", kv)
+    got = mem.get_canonical("k")
+    got.positions.add_(100)  # the copy does not alias the store's positions either
+    assert kv_equal(mem.get_canonical("k"), kv)
 
 
 def test_patch_round_trip_memory_and_mla_layout() -> None:
@@ -193,6 +211,27 @@ def test_pins_refusals_and_drop() -> None:
     assert store.nbytes <= store.budget_bytes
     assert store.drop("a") >= 1 and not store.has_canonical("a") and store.patches("a") == []
     assert store.drop("a") == 0
+
+
+def test_pin_after_put_and_patch_pins() -> None:
+    size = make_kv().nbytes
+    store = ChunkStore(budget_bytes=2 * size)
+    store.put_canonical("a", make_kv(1))
+    store.put_canonical("b", make_kv(2))
+    store.pin("a")  # a is the LRU victim, but pinned now
+    store.put_canonical("c", make_kv(3))
+    assert sorted(store.keys()) == ["a", "c"]
+    store.unpin("a")  # a release counts as a use under LRU: c is older now
+    store.get_canonical("c")
+    store.put_canonical("d", make_kv(4))
+    assert sorted(store.keys()) == ["c", "d"]
+    p = make_patch(tokens=1, rank=1)
+    ps = ChunkStore(budget_bytes=2 * p.nbytes)
+    ps.put_patch("k", "x", p); ps.put_patch("k", "y", p)
+    ps.pin("k", "x")  # pins a patch, not the chunk's canonical or its other patches
+    assert ps.is_pinned("k", "x") and not ps.is_pinned("k")
+    ps.put_patch("k", "z", p)
+    assert ps.patches("k") == ["x", "z"]
 
 
 def test_mixed_sizes_size_aware_policy() -> None:

@@ -54,6 +54,7 @@ def _qwen2_5_vl() -> Any:
     return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
         text_config=dict(vocab_size=200, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
                          rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 6, 6]}),
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
                            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
@@ -67,6 +68,7 @@ def _qwen3_vl() -> Any:
     return Qwen3VLForConditionalGeneration(Qwen3VLConfig(
         text_config=dict(vocab_size=200, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
                          rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [6, 5, 5]}),
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128,
                            patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,

@@ -18,11 +18,12 @@ Tiers: without ``path`` the store is memory only. With ``path`` the disk tier ho
 the one the budget bounds; memory is a write-through LRU cache in front of it, bounded by
 ``memory_budget_bytes`` (default: the store budget; 0 turns the cache off).
 
-Budget: entry size is its tensor payload (``ChunkKV.nbytes`` / ``Patch.nbytes``); ``store.nbytes`` never
-exceeds ``budget_bytes``. A put evicts the policy's victims (never pinned ones) to make room; a put that
-cannot fit even then (an entry larger than the budget, or a budget held by pinned entries) is refused
-before anything is evicted: it returns False and counts ``stats.rejected`` with a reason. A cache must
-be ready for misses anyway, so a refused put is just an entry evicted at once, not an error.
+Budget: an entry's size is the bytes of the tensors it stores (``ChunkKV.nbytes`` plus its positions, if
+any; ``Patch.nbytes``); ``store.nbytes`` never exceeds ``budget_bytes``. A put evicts the policy's victims
+(never pinned ones) to make room; a put that cannot fit even then (an entry larger than the budget, or a
+budget held by pinned entries) is refused before anything is evicted: it returns False, leaves the store
+as it was and counts ``stats.rejected`` with a reason. A cache must be ready for misses anyway, so a
+refused put is just an entry evicted at once, not an error.
 
 Corruption: a disk entry whose size, sha256 or header does not check out is dropped (file and index
 row) and counted in ``stats.corrupt_dropped``; then ``on_corrupt="raise"`` (default) raises
@@ -231,7 +232,7 @@ class ChunkStore:
         if not isinstance(kv, ChunkKV):
             raise KVShapeError(f"put_canonical takes a ChunkKV, got {type(kv).__name__}")
         self._check_layout(kv.layout, "canonical")
-        return self._put(_eid(key, None), kv.to_tensors(), None, kv.nbytes, meta)
+        return self._put(_eid(key, None), kv.to_tensors(), None, meta)
 
     def put_patch(self, key: str, ctx: str, patch: Patch, meta: Optional[dict] = None) -> bool:
         """Store a patch of chunk ``key`` formed on context ``ctx`` (see ``context_hash``)."""
@@ -240,13 +241,14 @@ class ChunkStore:
         _check_ctx(ctx)
         self._check_layout(patch.layout, "patch")
         tensors, pmeta = patch.to_tensors()
-        return self._put(_eid(key, ctx), tensors, pmeta, patch.nbytes, meta)
+        return self._put(_eid(key, ctx), tensors, pmeta, meta)
 
-    def _put(self, eid: EntryId, tensors: Tensors, patch_meta: Optional[dict[str, str]], nbytes: int,
+    def _put(self, eid: EntryId, tensors: Tensors, patch_meta: Optional[dict[str, str]],
              meta: Optional[dict]) -> bool:
         meta = _check_meta(meta)
         # a private copy: the caller may edit its tensors in place later (the store is content-addressed)
         tensors = {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())  # KV + positions, if any
         with self._lock:
             self._check_open()
             budget = self.budget_bytes
@@ -346,7 +348,7 @@ class ChunkStore:
         with self._lock:
             self._pins[eid] = self._pins.get(eid, 0) + 1
             if self._pins[eid] == 1 and eid in self._entries:
-                pass
+                self._policy.pin(eid)
 
     def unpin(self, key: str, ctx: Optional[str] = None) -> None:
         """Release one pin; unpinning something not pinned is a no-op."""
@@ -395,7 +397,7 @@ class ChunkStore:
         return dropped
 
     def close(self) -> None:
-        """Release the disk tier (index connection and lock). A memory-only store just empties."""
+        """Release the disk tier (index connection and lock); later puts and gets raise WindowkitError."""
         with self._lock:
             if self._disk is not None:
                 self._disk.close()
@@ -496,7 +498,8 @@ def _copy_aliased(obj: ChunkKV | Patch, store_tensors: Tensors) -> ChunkKV | Pat
     ptrs = {t.untyped_storage().data_ptr() for t in store_tensors.values()}
     fix = lambda t: t.clone() if t.untyped_storage().data_ptr() in ptrs else t  # noqa: E731
     if isinstance(obj, ChunkKV):
-        return ChunkKV([(fix(a), fix(b)) for a, b in obj.layers], obj.layout, obj.positions)
+        return ChunkKV([(fix(a), fix(b)) for a, b in obj.layers], obj.layout,
+                       None if obj.positions is None else fix(obj.positions))
     return Patch({k: (fix(u), fix(v)) for k, (u, v) in obj.factors.items()}, obj.layout, obj.num_tokens, obj.rank,
                  obj.rope_rank, dict(obj.energy), dict(obj.meta))
 

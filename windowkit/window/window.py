@@ -119,16 +119,19 @@ class Window:
         self._entries: deque[_Entry] = deque()
         self._evicted: dict[str, Chunk] = {}
         self._known: dict[str, Chunk] = {}
+        self._keys: dict[str, str] = {}  # chunk id -> content-addressed store key
         self._ms_per_token: Optional[float] = None
         self._exact_cache: Optional[tuple[int, ChunkKV]] = None
         self._version = 0
         self.prefix: Optional[Chunk] = None
+        self._prefix_key = ""
         self._prefix_kv: Optional[ChunkKV] = None
         self._prefix_span = 0
         if prefix is not None:
             self.prefix = prefix if isinstance(prefix, Chunk) else Chunk.text(torch.as_tensor(prefix), id="__prefix__")
             res = self._run([self.prefix], 0, None)
             self._prefix_kv, self._prefix_span = res.kv, res.spans[0]
+            self._prefix_key = chunk_key(self.prefix.content_hash(), backend.fingerprint())
 
     # ================================================================== facts
     @property
@@ -202,6 +205,7 @@ class Window:
             e = self._entries[idx]
             del self._entries[idx]
         self._evicted[e.id] = e.chunk
+        self.store.unpin(e.key)
         self._version += 1
         if self.mode == "patch" and idx < len(self._entries):
             if self.removal_patches:
@@ -352,7 +356,16 @@ class Window:
         return res.kv
 
     def _ctx(self, ante: Sequence[str]) -> str:
-        return context_hash(list(ante), prefix=self.prefix.id if self.prefix is not None else "")
+        """Context hash over the antecedents' *content* keys: a context recurs whenever the same content
+        does, whatever ids the caller gave the chunks."""
+        return context_hash([self._keys[i] for i in ante], prefix=self._prefix_key)
+
+    def _get_patch(self, key: str, ctx: str) -> Optional[Patch]:
+        try:
+            return self.store.get_patch(key, ctx, copy=False)
+        except WindowkitError:  # corrupt entry: dropped by the store, recomputed here, never served
+            self.stats.fallbacks += 1
+            return None
 
     def _insert(self, chunk: Chunk, at: Optional[int]) -> str:
         n = len(self._entries)
@@ -362,6 +375,8 @@ class Window:
         if not 0 <= idx <= n:
             raise WindowkitError(f"position {at} outside 0..{n}")
         key = chunk_key(chunk.content_hash(), self.backend.fingerprint())
+        self._keys[chunk.id] = key
+        self.store.pin(key)  # the live window's canonicals are never evicted from the store
         e = _Entry(chunk, key, self.backend.span(chunk))
         if self.mode != "exact":
             start = self._prefix_span + sum(x.span for x in list(self._entries)[:idx])
@@ -384,11 +399,20 @@ class Window:
         """Give ``e`` its KV conditioned on ``ante``: a stored patch if that context recurs, else one
         conditioned forward (kept as the KV) and a patch formed from it for next time."""
         ctx = self._ctx(ante)
-        patch = self.store.get_patch(e.key, ctx)
+        patch = self._get_patch(e.key, ctx)
         if patch is not None and patch.num_tokens == len(e.chunk):
             canon = self._canonical(e)
             e.kv, e.kv_start = self._placed(canon, start, patch), start
             self.stats.patch_reuses += 1
+        elif not ante and self.prefix is None:
+            # nothing in front: the chunk's prefill at position 0 *is* its canonical; no patch needed
+            if self.store.has_canonical(e.key):
+                e.kv = self._canonical(e)
+            else:
+                e.kv = self._run([e.chunk], 0, None).kv
+                self.stats.encodes += 1
+                self.store.put_canonical(e.key, e.kv, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+            e.kv_start = 0
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
@@ -403,11 +427,10 @@ class Window:
     def _condition_orbit(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
         exact_ctx = self._ctx(ante)
         canon = self._canonical(e)
-        patch = self.store.get_patch(e.key, exact_ctx)
+        patch = self._get_patch(e.key, exact_ctx)
         if patch is None and ante:
-            pref = self.prefix.id if self.prefix is not None else ""
-            octx = orbit_context_hash(list(ante), prefix=pref)
-            patch = self.store.get_patch(e.key, octx)
+            octx = orbit_context_hash([self._keys[i] for i in ante], prefix=self._prefix_key)
+            patch = self._get_patch(e.key, octx)
             if patch is None:
                 conds = []
                 for perm in orderings(ante, limit=self.orbit_samples):
@@ -440,7 +463,7 @@ class Window:
             if not ante and self.prefix is None:
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
             else:
-                patch = self.store.get_patch(e.key, ctx)
+                patch = self._get_patch(e.key, ctx)
                 if patch is None or patch.num_tokens != len(e.chunk):
                     continue  # keep-as-is: relocation only
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
