@@ -302,7 +302,7 @@ def _brute_cascade(r, window, current, patches):
 KINDS_OF_OP = ["add", "add", "add", "evict", "recall", "recall", "remove", "current"]
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_sequences_match_brute_force(data):
     g = DependencyGraph()
@@ -387,3 +387,26 @@ def test_cascade_step_is_a_plain_record():
     g = chain()
     s = g.cascade("A", ["A", "B", "C"])[0]
     assert isinstance(s, CascadeStep) and s._asdict()["chunk_id"] == "B"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_random_stream_cascades_match_brute_force(data):
+    """A stream admitted in window order, each chunk's patch on a random subset of the chunks before it: deep
+    cascades; recall any chunk at its place after evicting it."""
+    n = data.draw(st.integers(2, 10), label="n")
+    ids = [f"k{i}" for i in range(n)]
+    g = DependencyGraph()
+    patches, current = {}, {}
+    for i, cid in enumerate(ids):
+        ante = [a for a in ids[:i] if data.draw(st.booleans())]
+        if ante or data.draw(st.booleans()):
+            ref = g.add_patch(cid, f"ctx{i}", ante, tokens=i + 1)
+            patches[ref], current[cid] = tuple(ante), ref
+    r = data.draw(st.sampled_from(ids), label="recalled")
+    deps = set(g.on_evict(r))
+    assert deps == {ref for ref, a in patches.items() if r in a} == g.stale_patches()
+    casc = g.on_recall(r, ids)
+    assert casc.ids == _brute_cascade(r, ids, current, patches)
+    assert g.stale_patches() == set()
+    assert casc.total_ms == pytest.approx(sum(TokenCostModel()(c, g.tokens(c))[0] for c in [r] + casc.ids))

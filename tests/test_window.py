@@ -218,3 +218,45 @@ def test_random_edit_sequences(llama, seq):
     # every token of every chunk is where a fresh prefill would put it
     toks = torch.cat([c.input_ids for c in contents])
     assert torch.equal(torch.cat([wins["patch"].chunk(i).input_ids for i in wins["patch"].ids]), toks)
+
+
+def test_fork_is_copy_on_write_and_clean_fork_reconditions(llama):
+    cs = [text(llama, 10, 600 + i, f"f{i}") for i in range(3)]
+    win = wk.Window(llama, mode="patch", rank=None)
+    for c in cs:
+        win.admit(c)
+    ref = reference_logits(llama, cs, QUERY)
+    fork = win.fork()
+    fork.evict("head")
+    assert win.ids == ["f0", "f1", "f2"] and fork.ids == ["f1", "f2"]
+    assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6  # the parent is untouched by the fork's edit
+    clean = win.fork(clean=True)
+    blind = wk.Window(llama, mode="blind")
+    for c in cs:
+        blind.admit(c)
+    assert kl_divergence(blind.forward(QUERY), clean.forward(QUERY)) <= 1e-9  # context-clean = canonical view
+    clean.recondition()  # full-rank stored patches: back to exact, with no new forward
+    assert clean.stats.forwards == 0
+    assert kl_divergence(ref, clean.forward(QUERY)) <= 1e-6
+
+
+def test_is_disposable_matches_brute_force(llama):
+    cs = [text(llama, 10, 700 + i, f"d{i}") for i in range(3)]
+    win = wk.Window(llama, mode="patch", rank=None)
+    for c in cs:
+        win.admit(c)
+    for cid in win.ids:
+        # brute force: a window where that one chunk is blind, everything else conditioned
+        expect_same = None
+        order = [c for c in cs]
+        full = reference_logits(llama, order, QUERY)
+        parts = []
+        for j, c in enumerate(order):
+            kv = win._kv_at(win._entries[j], win.starts()[j])
+            if c.id == cid:
+                kv = wk.kv.place(llama.encode(c), win.starts()[j], llama.rope)
+            parts.append(kv)
+        logits = llama.forward([wk.Chunk.text(QUERY)], win.next_position, wk.kv.concat(parts)).logits
+        expect_same = int(full.argmax()) == int(logits.argmax())
+        assert win.is_disposable(cid, QUERY) == expect_same
+    assert win.is_disposable("d0", QUERY)  # the head has no conditioning to drop

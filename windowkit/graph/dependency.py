@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import repeat
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 import networkx as nx
@@ -80,8 +81,10 @@ class TokenCostModel:
 
     def batch(self, chunk_ids: Sequence[str], tokens: Sequence[int]) -> tuple[list, list]:
         """Same as calling it per chunk, in one go (a cost model may define ``batch``; it is optional)."""
-        mpt, fixed, bpt = self.ms_per_token, self.ms_fixed, self.bytes_per_token
-        return [fixed + t * mpt for t in tokens], [t * bpt for t in tokens]
+        ms = list(map(self.ms_per_token.__mul__, tokens))  # C-level: this runs on every planned recall
+        if self.ms_fixed:
+            ms = list(map(self.ms_fixed.__add__, ms))
+        return ms, list(map(self.bytes_per_token.__mul__, tokens))
 
     def __repr__(self) -> str:
         return f"TokenCostModel(ms_per_token={self.ms_per_token}, bytes_per_token={self.bytes_per_token})"
@@ -138,10 +141,9 @@ class Cascade:
             order = [root]
             out = [CascadeStep(root, self._idx[0], 0, (), None, self._tokens[0], self._ms[0], self._bytes[0])]
             for k in range(1, len(self._ids)):
-                ante = self._antes[k]
-                via = tuple(m for m in order if m in ante)
+                via = tuple(filter(self._antes[k].__contains__, order))  # members it was formed on, window order
                 d = self._ids[k]
-                depth[d] = 1 + max(depth[m] for m in via)
+                depth[d] = 1 + max(map(depth.__getitem__, via))
                 order.append(d)
                 out.append(CascadeStep(d, self._idx[k], depth[d], via, self._refs[k], self._tokens[k], self._ms[k],
                                        self._bytes[k]))
@@ -463,25 +465,23 @@ class DependencyGraph:
             raise WindowkitError(f"cascade: {chunk_id!r} is not in the window {list(window)}") from None
         if len(set(window)) != len(window):
             raise WindowkitError("cascade: the window lists a chunk twice")
-        tok = self._tokens.get
         ids, idx, refs, antes = [chunk_id], [r], [None], [()]
         if self._wearers.get(chunk_id):
-            cur, pred = self._current.get, self._pred
+            pred = self._pred
             members = {chunk_id}  # the cascade so far: every member sits before the chunk being tested
-            for i in range(r + 1, len(window)):
-                d = window[i]
-                ref = cur(d)
+            for i, ref in enumerate(map(self._current.get, window[r + 1:]), r + 1):
                 if ref is None:
                     continue
                 ante = pred[ref]  # the worn patch's antecedents, as dict keys
                 if ante.keys().isdisjoint(members):
                     continue
+                d = window[i]
                 members.add(d)
                 ids.append(d)
                 idx.append(i)
                 refs.append(ref)
                 antes.append(ante)
-        toks = [tok(x, 0) for x in ids]
+        toks = list(map(self._tokens.get, ids, repeat(0, len(ids))))
         ms, nbytes = self._costs(ids, toks)
         return Cascade(window, ids, idx, refs, antes, toks, ms, nbytes)
 

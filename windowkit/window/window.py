@@ -326,6 +326,59 @@ class Window:
             step = Chunk.text(torch.tensor([tok]), id="__gen__")
         return out
 
+    # ================================================================== forks and the disposability test
+    def fork(self, clean: bool = False) -> "Window":
+        """A new window over the same backend and store with the same chunks.
+
+        Canonicals and patches are shared (nothing is copied: every edit builds new tensors, so the
+        fork is copy-on-write). ``clean=True`` gives the context-clean view: every chunk holds its
+        relocated canonical, no conditioning; ``recondition()`` adds it back (stored patches first).
+        """
+        other = Window.__new__(Window)
+        other.__dict__.update(self.__dict__)
+        other.stats = WindowStats()
+        other._entries = deque()
+        other._evicted = dict(self._evicted)
+        other._known = dict(self._known)
+        other._keys = dict(self._keys)
+        other._exact_cache = None
+        starts = self.starts()
+        for e, st in zip(self._entries, starts):
+            ne = _Entry(e.chunk, e.key, e.span, e.kv, e.kv_start, e.ctx, e.ante)
+            if clean and self.mode != "exact":
+                ne.kv, ne.kv_start = other._placed(other._canonical(ne), st, None), st
+                ne.ctx, ne.ante = "", ("__clean__",)
+            other.store.pin(e.key)
+            other._entries.append(ne)
+        return other
+
+    def recondition(self) -> None:
+        """Give every chunk the conditioning of its current context (stored patch, else one forward)."""
+        if self.mode != "patch":
+            return
+        starts = self.starts()
+        for i, e in enumerate(list(self._entries)):
+            ante = tuple(x.id for x in list(self._entries)[:i])
+            if ante != e.ante:
+                self._condition(e, i, starts[i], ante)
+        self._version += 1
+
+    def is_disposable(self, chunk_id: str, query_ids: Union[Sequence[int], torch.Tensor]) -> bool:
+        """Appendix E's test: drop the chunk's conditioning (use its relocated canonical) and check whether
+        the next-token decision for ``query_ids`` is unchanged. True: its conditioning is not load-bearing
+        for this query. Costs one canonical placement and two query forwards; the window is unchanged."""
+        idx = self._index(chunk_id)
+        if self.mode == "exact":
+            raise WindowkitError("is_disposable needs per-chunk KV: use mode 'patch' or 'blind'")
+        q = Chunk.text(torch.as_tensor(query_ids), id="__query__")
+        base = self.backend.forward([q], self.next_position, self.window_kv()).logits
+        parts = [self._prefix_kv] if self._prefix_kv is not None else []
+        for j, (x, st) in enumerate(zip(self._entries, self.starts())):
+            parts.append(place(self._canonical(x), st, self.backend.rope) if j == idx else self._kv_at(x, st))
+        clean = self.backend.forward([q], self.next_position, concat(parts)).logits
+        self.backend.forget(q)
+        return int(base.argmax()) == int(clean.argmax())
+
     # ================================================================== internals
     def _index(self, chunk_id: str) -> int:
         for i, e in enumerate(self._entries):
