@@ -150,7 +150,8 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=2)
     print(f"windowkit.graph planning cost: {a.chunks} chunks in the graph, window {a.window}, {a.reps} reps "
           f"(target < {TARGET_US:.0f} us/op)")
-    print(f"machine: {os.cpu_count()} cpus, load {load}, sum(range(1000)) = {calib:.1f} us (a quiet modern core: ~5-10 us)\n")
+    print(f"machine: {os.cpu_count()} cpus, load {load if load is None else round(load, 2)}, "
+          f"sum(range(1000)) = {calib:.1f} us (a quiet modern core: ~5-10 us)\n")
     print("| shape | op | median us | p95 us | max us | detail |")
     print("|---|---|---:|---:|---:|---|")
     skip = {"shape", "op", "median_us", "p95_us", "max_us", "reps", "chunks", "patches", "edges", "window", "build_s"}

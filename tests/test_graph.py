@@ -116,6 +116,18 @@ def test_readd_remove_forget():
     assert g.forget("C") == []
 
 
+def test_copy_is_independent():
+    g = chain()
+    h = g.copy()
+    h.on_evict("A")
+    h.add_patch("C", "c|A", ["A"])
+    assert g.stale_patches() == set() and g.current_patch("C") == ("C", "c|B")
+    assert h.stale_patches() == {PatchRef("B", "b|A"), PatchRef("C", "c|A")}
+    assert g.cascade("A", ["A", "B", "C"]).ids == ["B", "C"]
+    assert h.on_recall("A", ["A", "B", "C"]).ids == ["B", "C"]
+    assert g.num_patches == 2 and h.num_patches == 3
+
+
 def test_auto_ctx_and_orbit_key():
     g = DependencyGraph()
     r1 = g.add_patch("C", None, ["A", "B"], kind="orbit")
@@ -148,7 +160,7 @@ def test_diamond_cascade():
     by = {s.chunk_id: s for s in c}
     assert by["C"].via == ("A", "B") and by["C"].depth == 2
     assert by["D"].via == ("B", "C") and by["D"].depth == 3
-    assert [s.index for s in c] == [2, 3, 5]
+    assert [s.index for s in c] == c.indices == [2, 3, 5]
 
 
 def test_cascade_only_moves_forward_and_follows_worn_patches():

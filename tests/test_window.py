@@ -260,3 +260,29 @@ def test_is_disposable_matches_brute_force(llama):
         expect_same = int(full.argmax()) == int(logits.argmax())
         assert win.is_disposable(cid, QUERY) == expect_same
     assert win.is_disposable("d0", QUERY)  # the head has no conditioning to drop
+
+
+@pytest.mark.parametrize("cascade", ["plan", "apply"])
+def test_recall_cascade_is_computed_and_applied(llama, cascade):
+    """[a b c] -evict b-> [a c] -admit d-> [a c d] -recall b at 1-> [a b c d]. d's patch was formed on c,
+    whose conditioning changes with b back: the cascade lists d; "apply" re-conditions it and the window
+    (full rank) equals a fresh prefill again."""
+    a, b, c, d = (text(llama, 9, 800 + i, n) for i, n in enumerate("abcd"))
+    win = wk.Window(llama, mode="patch", rank=None, cascade=cascade)
+    for x in (a, b, c):
+        win.admit(x)
+    win.evict("b")
+    assert win.graph.is_stale("c", win._entries[1].ctx)  # c's patch was formed on the evicted b
+    win.admit(d)
+    win.recall("b", at=1)
+    assert win.ids == ["a", "b", "c", "d"]
+    assert "d" in win.last_cascade.ids and win.last_cascade.total_ms >= 0
+    ref = reference_logits(llama, [a, b, c, d], QUERY)
+    kl = kl_divergence(ref, win.forward(QUERY))
+    refresh = [e.chunk_id for e in win.plan() if e.op == "refresh-patch"]
+    if cascade == "apply":
+        assert kl <= 1e-6 and refresh == []
+    else:
+        assert refresh == ["d"] and kl > 1e-6
+        win.recondition()
+        assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6

@@ -140,9 +140,15 @@ class Cascade:
             depth = {root: 0}
             order = [root]
             out = [CascadeStep(root, self._idx[0], 0, (), None, self._tokens[0], self._ms[0], self._bytes[0])]
+            pos = {root: self._idx[0]}
             for k in range(1, len(self._ids)):
-                via = tuple(filter(self._antes[k].__contains__, order))  # members it was formed on, window order
+                ante = self._antes[k]  # via: the members its worn patch was formed on, in window order
+                if len(ante) < len(order):
+                    via = tuple(sorted(filter(depth.__contains__, ante), key=pos.__getitem__))
+                else:
+                    via = tuple(filter(ante.__contains__, order))
                 d = self._ids[k]
+                pos[d] = self._idx[k]
                 depth[d] = 1 + max(map(depth.__getitem__, via))
                 order.append(d)
                 out.append(CascadeStep(d, self._idx[k], depth[d], via, self._refs[k], self._tokens[k], self._ms[k],
@@ -172,6 +178,12 @@ class Cascade:
     def ids(self) -> list[str]:
         """Dependents' chunk ids, in window order (the root excluded)."""
         return self._ids[1:]
+
+    @property
+    def indices(self) -> list[int]:
+        """Dependents' window indices (ascending); the columns ``ids`` / ``indices`` / ``total_*`` need no
+        ``CascadeStep`` objects, so a caller on a hot path can use them alone."""
+        return self._idx[1:]
 
     @property
     def total_ms(self) -> float:
@@ -260,6 +272,7 @@ class DependencyGraph:
         self._evicted: set[str] = set()
         self._stale: set[PatchRef] = set()
         self._current: dict[str, PatchRef] = {}
+        self._worn_ante: dict[str, dict] = {}  # chunk -> antecedents of its worn patch (the graph's pred dict)
         self._wearers: dict[str, set[str]] = {}  # chunk -> chunks whose worn patch was formed on it
 
     # ------------------------------------------------------------------ facts
@@ -327,6 +340,23 @@ class DependencyGraph:
 
     def stale_patches(self) -> set:
         return set(self._stale)
+
+    def copy(self) -> "DependencyGraph":
+        """An independent copy (for ``Window.fork``): later events on one never show in the other. O(graph)."""
+        new = DependencyGraph(self.cost_model)
+        new._g = self._g.copy()
+        new._succ, new._pred = new._g._succ, new._g._pred
+        for ref, p in self._patches.items():
+            q = _Patch(ref, p.antecedents, p.kind, p.nbytes, p.tokens)
+            q.missing = p.missing
+            new._patches[ref] = q
+        new._tokens = dict(self._tokens)
+        new._evicted = set(self._evicted)
+        new._stale = set(self._stale)
+        new._current = dict(self._current)
+        new._worn_ante = {c: new._pred[r] for c, r in new._current.items()}
+        new._wearers = {a: set(w) for a, w in self._wearers.items()}
+        return new
 
     # ------------------------------------------------------------------ edits
     def add_chunk(self, chunk_id: str, tokens: int = 0) -> None:
@@ -465,22 +495,18 @@ class DependencyGraph:
             raise WindowkitError(f"cascade: {chunk_id!r} is not in the window {list(window)}") from None
         if len(set(window)) != len(window):
             raise WindowkitError("cascade: the window lists a chunk twice")
-        ids, idx, refs, antes = [chunk_id], [r], [None], [()]
+        idx, antes = [r], [()]
         if self._wearers.get(chunk_id):
-            pred = self._pred
             members = {chunk_id}  # the cascade so far: every member sits before the chunk being tested
-            for i, ref in enumerate(map(self._current.get, window[r + 1:]), r + 1):
-                if ref is None:
-                    continue
-                ante = pred[ref]  # the worn patch's antecedents, as dict keys
-                if ante.keys().isdisjoint(members):
-                    continue
-                d = window[i]
-                members.add(d)
-                ids.append(d)
+            for i, ante in enumerate(map(self._worn_ante.get, window[r + 1:]), r + 1):
+                if ante is None or ante.keys().isdisjoint(members):
+                    continue  # wears nothing, or a patch formed on no member
+                members.add(window[i])
                 idx.append(i)
-                refs.append(ref)
                 antes.append(ante)
+        ids = list(map(window.__getitem__, idx))
+        refs = [None]
+        refs += map(self._current.__getitem__, ids[1:])
         toks = list(map(self._tokens.get, ids, repeat(0, len(ids))))
         ms, nbytes = self._costs(ids, toks)
         return Cascade(window, ids, idx, refs, antes, toks, ms, nbytes)
@@ -541,8 +567,10 @@ class DependencyGraph:
                 if w is not None:
                     w.discard(chunk_id)
             del self._current[chunk_id]
+            del self._worn_ante[chunk_id]
         if ref is not None:
             self._current[chunk_id] = ref
+            self._worn_ante[chunk_id] = self._pred[ref]
             for a in self._pred[ref]:
                 self._wearers.setdefault(a, set()).add(chunk_id)
 

@@ -29,6 +29,7 @@ from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, WindowkitError
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, form_orbit_patch, form_patch, form_removal_patch, orderings, place
+from windowkit.graph import Cascade, DependencyGraph, TokenCostModel
 from windowkit.store import ChunkStore, chunk_key, context_hash, orbit_context_hash
 
 Mode = Literal["patch", "blind", "exact"]
@@ -95,12 +96,14 @@ class Window:
     patch_layers: None (all) | "deep" | list of layer ids
     svd:      "exact" | "randomized" (cheaper forming)
     removal_patches: re-condition survivors after an eviction with a removal patch (deepstack models)
+    cascade:  "plan" (default: a recall computes and costs the cascade of dependents whose patch was formed
+              on the recalled chunk, in ``last_cascade`` and ``plan()``) or "apply" (also re-conditions them)
     """
 
     def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
                  prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *, patch_layers=None,
                  svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
-                 orbit_samples: int = 24):
+                 orbit_samples: int = 24, cascade: str = "plan"):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -115,6 +118,12 @@ class Window:
         self.removal_patches = removal_patches
         self.removal_rank = removal_rank
         self.orbit_samples = orbit_samples
+        if cascade not in ("plan", "apply"):
+            raise WindowkitError(f"cascade must be 'plan' or 'apply', got {cascade!r}")
+        self.cascade = cascade
+        self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
+        self.graph = DependencyGraph(cost_model=self.cost_model)
+        self.last_cascade: Optional[Cascade] = None
         self.stats = WindowStats()
         self._entries: deque[_Entry] = deque()
         self._evicted: dict[str, Chunk] = {}
@@ -206,6 +215,7 @@ class Window:
             del self._entries[idx]
         self._evicted[e.id] = e.chunk
         self.store.unpin(e.key)
+        self.graph.on_evict(e.id)  # patches formed on it are stale from now on
         self._version += 1
         if self.mode == "patch" and idx < len(self._entries):
             if self.removal_patches:
@@ -223,8 +233,16 @@ class Window:
         if chunk is None:
             raise ChunkNotFoundError(f"chunk {chunk_id!r} was never admitted; admit it first")
         cid = self._insert(chunk, at)
+        self.last_cascade = self.graph.on_recall(cid, self.ids)
         if self.mode == "patch":
             self._refresh_known(self._index(cid) + 1)
+            if self.cascade == "apply":
+                starts = self.starts()
+                for step in self.last_cascade.steps[1:]:
+                    e = self._entries[step.index]
+                    ante = tuple(self.ids[:step.index])
+                    if e.ante != ante:
+                        self._condition(e, step.index, starts[step.index], ante)
         return cid
 
     def reorder(self, ids: Sequence[str]) -> None:
@@ -277,11 +295,17 @@ class Window:
                 n = self.num_tokens
                 edits.append(Edit("prefill", "*", n, n * ms_tok, self._kv_bytes_per_token() * n))
             return edits
-        for e, s in zip(self._entries, self.starts()):
+        ids = self.ids
+        for i, (e, s) in enumerate(zip(self._entries, self.starts())):
             if e.kv is not None and e.kv_start != s:
                 n = len(e.chunk)
                 b = self._rope_bytes_per_token() * n
                 edits.append(Edit("relocate", e.id, n, self._bandwidth_ms(2 * b), 2 * b))
+            if self.mode == "patch" and e.ante != tuple(ids[:i]):
+                # optional: its KV keeps conditioning formed on another context (keep-as-is);
+                # recondition() would form a fresh patch with one conditioned forward
+                n = len(e.chunk)
+                edits.append(Edit("refresh-patch", e.id, n, n * ms_tok, self._patch_bytes_per_token() * n))
         return edits
 
     def materialize(self) -> tuple[Any, torch.Tensor]:
@@ -342,12 +366,16 @@ class Window:
         other._known = dict(self._known)
         other._keys = dict(self._keys)
         other._exact_cache = None
+        other.graph = self.graph.copy()
+        other.last_cascade = None
         starts = self.starts()
         for e, st in zip(self._entries, starts):
             ne = _Entry(e.chunk, e.key, e.span, e.kv, e.kv_start, e.ctx, e.ante)
             if clean and self.mode != "exact":
                 ne.kv, ne.kv_start = other._placed(other._canonical(ne), st, None), st
                 ne.ctx, ne.ante = "", ("__clean__",)
+                other.graph.add_chunk(ne.id, len(ne.chunk))
+                other.graph.set_current(ne.id, None)
             other.store.pin(e.key)
             other._entries.append(ne)
         return other
@@ -395,6 +423,7 @@ class Window:
         self.stats.prefill_tokens += n
         rate = dt / max(n, 1)  # ms per token, smoothed: used for estimates only
         self._ms_per_token = rate if self._ms_per_token is None else 0.8 * self._ms_per_token + 0.2 * rate
+        self.cost_model.ms_per_token = self._ms_per_token
         return res
 
     def _canonical(self, e: _Entry) -> ChunkKV:
@@ -476,6 +505,11 @@ class Window:
             self.store.put_patch(e.key, ctx, p)
             e.kv, e.kv_start = res.kv, start
         e.ctx, e.ante = ctx, ante
+        if ante:
+            self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * len(e.chunk), len(e.chunk))
+        else:
+            self.graph.add_chunk(e.id, len(e.chunk))
+            self.graph.set_current(e.id, None)
 
     def _condition_orbit(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
         exact_ctx = self._ctx(ante)
@@ -500,6 +534,8 @@ class Window:
             self.stats.patch_reuses += 1
         e.kv, e.kv_start = self._placed(canon, start, patch), start
         e.ctx, e.ante = exact_ctx, ante
+        if ante:
+            self.graph.add_patch(e.id, exact_ctx, ante, "orbit", 0 if patch is None else patch.nbytes, len(e.chunk))
 
     def _refresh_known(self, first: int) -> None:
         """Survivors from ``first`` on have new antecedents. Where the exact conditioning for the new context
@@ -522,6 +558,10 @@ class Window:
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
                 self.stats.patch_reuses += 1
             e.ctx, e.ante = ctx, ante
+            if ante:
+                self.graph.add_patch(e.id, ctx, ante, "fresh", 0, len(e.chunk))
+            else:
+                self.graph.set_current(e.id, None)
 
     def _recondition_survivors(self, first: int) -> None:
         """Removal patches for the survivors behind an eviction: one forward of them over the new context."""
@@ -541,6 +581,8 @@ class Window:
             e.kv, e.kv_start = self._placed(kept, s, p), s
             e.ante = tuple(x.id for x in entries[:entries.index(e)])
             e.ctx = self._ctx(e.ante)
+            if e.ante:
+                self.graph.add_patch(e.id, e.ctx, e.ante, "removal", p.nbytes, n)
 
     def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
@@ -585,6 +627,12 @@ class Window:
         kv = self._run(chunks, 0, None).kv
         self._exact_cache = (self._version, kv)
         return kv
+
+    def _patch_bytes_per_token(self) -> int:
+        """Approximate patch bytes per chunk token at this rank (the U side; V is per chunk, not per token)."""
+        lay = self.backend.layout
+        m = self.rank or max(h * d for h, d in lay.slot_shapes)
+        return lay.num_layers * 2 * m * torch.finfo(self.backend.dtype).bits // 8
 
     def _rope_bytes_per_token(self) -> int:
         lay = self.backend.layout
