@@ -139,10 +139,25 @@ def test_assign_diffs_into_edits(llama):
     assert win.ids == ["a0", "a1", "a2"]
     win.assign([cs[1], cs[2], cs[3]])
     assert win.ids == ["a1", "a2", "a3"] and win.evicted_ids == ["a0"]
-    win.assign([cs[0], cs[3], cs[1]])
+    edits = win.assign([cs[0], cs[3], cs[1]])
     assert win.ids == ["a0", "a3", "a1"]
+    # a3 stays; a1 and a2 are not in the wanted order or set... a2 evicted, a1 moved, a0 recalled
+    assert ("evict", "a2") in edits and ("recall", "a0") in edits
     ref = reference_logits(llama, [cs[0], cs[3], cs[1]], QUERY)
     assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6
+
+
+def test_assign_moves_the_fewest_chunks(llama):
+    cs = {n: text(llama, 6, 900 + i, n) for i, n in enumerate("abcdefg")}
+    win = wk.Window(llama, mode="patch", rank=4)
+    win.assign([cs[n] for n in "abcdef"])
+    edits = win.assign([cs[n] for n in "bcdefa"])  # rotate by one: move only "a"
+    assert edits == [("evict", "a"), ("recall", "a")]
+    edits = win.assign([cs[n] for n in "bcgdefa"])  # one new chunk in the middle
+    assert edits == [("admit", "g")]
+    edits = win.assign([cs[n] for n in "afedgcb"])  # mostly reversed: one reorder beats many moves
+    assert [op for op, _ in edits] == ["reorder"]
+    assert win.ids == list("afedgcb")
 
 
 def test_window_errors(llama):
@@ -175,7 +190,10 @@ ops = st.lists(st.tuples(st.sampled_from(["admit", "evict_head", "evict_tail", "
 def test_random_edit_sequences(llama, seq):
     """Exact mode always equals a fresh prefill of its contents; positions stay contiguous in every
     mode; evict then recall restores the same content."""
-    wins = {m: wk.Window(llama, mode=m, rank=8, orbit_samples=3) for m in ("exact", "patch", "blind")}
+    budget = 120_000  # bytes: a few canonicals and patches; forces store evictions
+    stores = {m: wk.ChunkStore(budget_bytes=budget, model_fingerprint=llama.fingerprint(), layout=llama.layout)
+              for m in ("exact", "patch", "blind")}
+    wins = {m: wk.Window(llama, store=stores[m], mode=m, rank=8, orbit_samples=3) for m in ("exact", "patch", "blind")}
     pool = [text(llama, 5 + (i % 4), 500 + i, f"p{i}") for i in range(8)]
     fresh = iter(pool)
     contents: list = []
@@ -207,6 +225,7 @@ def test_random_edit_sequences(llama, seq):
                 w.reorder([c.id for c in contents])
         for w in wins.values():
             assert w.ids == [c.id for c in contents]
+            assert w.store.nbytes <= budget
     if not contents:
         return
     ref = reference_logits(llama, contents, QUERY)

@@ -28,9 +28,13 @@ For each segment length L (context C = L tokens before it, a 16-token query afte
   fidelity = next-token KL(re-prefill || reuse) of the query after [context, segment], blind and patched,
             and the relative KV reconstruction error against the conditioned KV
 
-``experimental_fused_place`` below is a labelled EXPERIMENT (not the production operator, which lives in
-``windowkit.kv``): one pass per layer that writes R(δ)K + U(R(δ)Vᵀ) and V + UVᵀ into preallocated
-outputs. It is here to measure how much of the reuse time is avoidable overhead.
+Ops that are compared are timed round-robin (prefill/encode; copy/reuse/...), so a disturbance on a shared
+machine hits both sides of a ratio alike; medians are reported, and the fastest sample as "best-of".
+
+``experimental_fused_place`` and ``experimental_batched_place`` below are labelled EXPERIMENTS (not the
+production operator, which lives in ``windowkit.kv``): R(δ)K + U(R(δ)Vᵀ) and V + UVᵀ written into
+preallocated outputs, per layer or over all layers at once. They are here to measure how much of the
+reuse time is avoidable overhead. Results and how to read them: docs/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import torch
 
 from windowkit.errors import KVShapeError
 from windowkit.kv.layout import ChunkKV, KVLayout, mean
-from windowkit.kv.rope import Delta, RopeSpec
+from windowkit.kv.rope import Delta, RopeSpec, _angles, _is_zero, rotate_into, rotation, shift_positions
 from windowkit.kv.svd import Method, truncated_svd
 
 Layers = Union[None, str, Sequence[int]]
@@ -192,14 +192,27 @@ def form_removal_patch(conditioned_after: ChunkKV, kept: ChunkKV, delta: Delta, 
     return patch_from_deficit(deficit(conditioned_after, kept, delta, spec), rank, meta=meta, **kw)
 
 
-def apply_patch(kv: ChunkKV, patch: Patch | None) -> ChunkKV:
-    """kv + U_m V_mᵀ per patched layer and slot (fp32 accumulate, result in kv's dtype). Zero forwards."""
-    if patch is None:
-        return kv
+def _check_patch(kv: ChunkKV, patch: Patch) -> None:
     if patch.layout != kv.layout:
         raise KVShapeError(f"patch layout {patch.layout.describe()} != KV layout {kv.layout.describe()}")
     if patch.num_tokens != kv.num_tokens:
         raise KVShapeError(f"patch is for {patch.num_tokens} tokens, KV has {kv.num_tokens}")
+
+
+def _factors(f: tuple[torch.Tensor, torch.Tensor], h: int, d: int, s: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(us [S, m], vt [m, H*D]) -> batched GEMM operands ([H, S, m] view, [H, m, D])."""
+    us, vt = f
+    m = us.shape[1]
+    us = us.to(device, torch.float32)
+    vt = vt.to(device, torch.float32).view(m, h, d).permute(1, 0, 2)
+    return us.expand(h, s, m), vt
+
+
+def apply_patch(kv: ChunkKV, patch: Patch | None) -> ChunkKV:
+    """kv + U_m V_mᵀ per patched layer and slot (fp32 accumulate, result in kv's dtype). Zero forwards."""
+    if patch is None:
+        return kv
+    _check_patch(kv, patch)
     out = []
     for l, pair in enumerate(kv.layers):
         new = list(pair)
@@ -207,17 +220,61 @@ def apply_patch(kv: ChunkKV, patch: Patch | None) -> ChunkKV:
             f = patch.factors.get((l, slot))
             if f is None:
                 continue
-            us, vt = f
-            h, _s, dd = pair[slot].shape
-            upd = _from_matrix(us.to(pair[slot].device, torch.float32) @ vt.to(pair[slot].device, torch.float32), h, dd)
-            new[slot] = (pair[slot].float() + upd).to(pair[slot].dtype)
+            x = pair[slot]
+            h, s, d = x.shape
+            u, v = _factors(f, h, d, s, x.device)
+            y = torch.baddbmm(x.float(), u, v)  # one batched GEMM: [H, S, m] @ [H, m, D]
+            new[slot] = y if x.dtype == torch.float32 else y.to(x.dtype)
         out.append((new[0], new[1]))
     return ChunkKV(out, kv.layout, kv.positions)
 
 
 def place(canonical: ChunkKV, delta: Delta, spec: RopeSpec, patch: Patch | None = None) -> ChunkKV:
-    """The reuse operator: R(δ)·(KV(B|∅) + U_m V_mᵀ). With ``patch=None`` this is blind reuse."""
-    return apply_patch(canonical, patch).relocate(delta, spec)
+    """The reuse operator: R(δ)·(KV(B|∅) + U_m V_mᵀ). With ``patch=None`` this is blind reuse.
+
+    Fused: R(δ)(K + U Vᵀ) = R(δ)K + U·(R(δ)Vᵀ), so the rotation touches the m x H·D factor instead of
+    the S x H·D update, the canonical's keys are rotated straight into the output buffer and the rank-m
+    update is one batched GEMM accumulated in place. fp32 math, one rounding to the KV dtype.
+    The canonical's keys use exact per-token angles (see ``relocate_keys``); the factor uses the uniform
+    angle δ·inv_freq (they differ by fp32 rounding of the angle only, on the small patch term).
+    """
+    if patch is not None:
+        _check_patch(canonical, patch)
+    if isinstance(delta, torch.Tensor) and delta.dim() > 0:  # per-token deltas: no shared factor rotation
+        return apply_patch(canonical, patch).relocate(delta, spec)
+    if _is_zero(delta):
+        return apply_patch(canonical, patch)
+    lay = canonical.layout
+    r = lay.rope_slot
+    k0 = canonical.layers[0][r]
+    cos, sin = rotation(delta, spec, k0, canonical.positions)  # [S, n] or [n]
+    ang = _angles(delta, spec, k0)  # uniform angle for the factor rows
+    fc, fs = ang.cos(), ang.sin()
+    out = []
+    for l, pair in enumerate(canonical.layers):
+        new = list(pair)
+        for slot in (0, 1):
+            x = pair[slot]
+            f = patch.factors.get((l, slot)) if patch is not None else None
+            if slot == r:
+                t = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+                rotate_into(x, cos, sin, spec, t)
+                if f is not None:
+                    h, s, d = x.shape
+                    u, v = _factors(f, h, d, s, x.device)  # v: [H, m, D]
+                    vr = torch.empty_like(v)
+                    rotate_into(v, fc, fs, spec, vr)
+                    t.baddbmm_(u, vr)
+            elif f is not None:
+                h, s, d = x.shape
+                u, v = _factors(f, h, d, s, x.device)
+                t = torch.baddbmm(x.float(), u, v)
+            else:
+                continue  # values / MLA latent without a patch: shared, never copied
+            new[slot] = t if x.dtype == torch.float32 else t.to(x.dtype)
+        out.append((new[0], new[1]))
+    pos = None if canonical.positions is None else shift_positions(canonical.positions, delta)
+    return ChunkKV(out, lay, pos)
 
 
 def orderings(items: Sequence, limit: int = 24, seed: int = 0) -> list[tuple]:

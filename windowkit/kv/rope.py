@@ -247,20 +247,35 @@ def relocate_keys(keys: torch.Tensor, delta: Delta, spec: RopeSpec,
         raise KVShapeError(f"keys have {keys.shape[-1]} trailing dims, the RoPE spec rotates {spec.rot_dim}")
     if _is_zero(delta):
         return keys
+    cos, sin = rotation(delta, spec, keys, positions)
+    out = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
+    rotate_into(keys, cos, sin, spec, out)
+    return out if keys.dtype == torch.float32 else out.to(keys.dtype)
+
+
+def rotation(delta: Delta, spec: RopeSpec, keys: torch.Tensor,
+             positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (cos, sin) of the rotation by ``delta``: [n] for a uniform delta, [S, n] per token."""
     if positions is not None:
         ang = _exact_angles(delta, spec, positions, keys)
-        cos, sin = ang.cos().float(), ang.sin().float()
-    else:
-        ang = _angles(delta, spec, keys)  # [n] or [S, n]
-        cos, sin = ang.cos(), ang.sin()
-    x = keys.float()
+        return ang.cos().float(), ang.sin().float()
+    ang = _angles(delta, spec, keys)
+    return ang.cos(), ang.sin()
+
+
+def rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spec: RopeSpec, out: torch.Tensor) -> None:
+    """out = R·x for the pair layout of ``spec``, written in place into fp32 ``out`` (no temporaries:
+    two multiplies and two fused multiply-adds, each one pass over half the data)."""
+    xf = x if x.dtype == torch.float32 else x.float()
+    n = spec.n_freq
     if spec.pairing == "half":
-        x1, x2 = x[..., : spec.n_freq], x[..., spec.n_freq:]
-        y = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        x1, x2, o1, o2 = xf[..., :n], xf[..., n:], out[..., :n], out[..., n:]
     else:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        y = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
-    return y.to(keys.dtype)
+        x1, x2, o1, o2 = xf[..., 0::2], xf[..., 1::2], out[..., 0::2], out[..., 1::2]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-1.0)
+    torch.mul(x2, cos, out=o2)
+    o2.addcmul_(x1, sin)
 
 
 def shift_positions(positions: torch.Tensor, delta: Delta) -> torch.Tensor:
@@ -291,5 +306,5 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(a)) - 7)
 
 
-__all__ = ["RopeSpec", "relocate_keys", "shift_positions", "bf16_ulp", "Delta"]
+__all__ = ["RopeSpec", "relocate_keys", "rotation", "rotate_into", "shift_positions", "bf16_ulp", "Delta"]
 

@@ -265,25 +265,45 @@ class Window:
                 continue  # same ordered context: the current KV only relocates
             self._condition_orbit(e, i, starts[i], ante)
 
-    def assign(self, chunks: Sequence[Chunk]) -> None:
-        """Declarative: make the window hold exactly ``chunks`` in this order, with few edits:
-        evict what is not wanted, keep survivors (relocated), recall known chunks, admit new ones."""
+    def assign(self, chunks: Sequence[Chunk]) -> list[tuple[str, str]]:
+        """Declarative: make the window hold exactly ``chunks`` in this order, with the fewest edits.
+
+        Evicts what is not wanted; keeps the longest run of survivors already in the wanted relative order
+        (they only relocate); moves each other survivor by evict + recall at its place (one fresh patch
+        each) unless more than half must move, where one ``reorder`` (orbit patches) is cheaper; recalls
+        known chunks and admits new ones at their places. Returns the edits as (op, chunk id) pairs.
+
+            win.assign([frame3, frame4, question])
+        """
         wanted = list(chunks)
         want_ids = [c.id for c in wanted]
         if len(set(want_ids)) != len(want_ids):
             raise WindowkitError("assign: duplicate chunk ids")
-        for cid in [i for i in self.ids if i not in set(want_ids)]:
-            self.evict(cid)
-        survivors = [i for i in want_ids if i in self]
-        if survivors != self.ids:
+        for c in wanted:
+            if not isinstance(c, Chunk):
+                raise ChunkError(f"assign expects windowkit.Chunk objects, got {type(c).__name__}")
+        edits: list[tuple[str, str]] = []
+        want = set(want_ids)
+        for cid in [i for i in self.ids if i not in want]:
+            edits.append(("evict", self.evict(cid)))
+        survivors = [i for i in want_ids if i in self]  # wanted relative order
+        current = {cid: k for k, cid in enumerate(self.ids)}
+        keep = set(_longest_increasing([current[i] for i in survivors], survivors))
+        movers = [i for i in survivors if i not in keep]
+        if movers and len(movers) * 2 > len(survivors):
             self.reorder(survivors)
+            edits.append(("reorder", ",".join(survivors)))
+            movers = []
+        for cid in movers:
+            edits.append(("evict", self.evict(cid)))
         for idx, c in enumerate(wanted):
             if c.id in self:
                 continue
             if c.id in self._known:
-                self.recall(c.id, at=idx)
+                edits.append(("recall", self.recall(c.id, at=idx)))
             else:
-                self.admit(c, at=idx)
+                edits.append(("admit", self.admit(c, at=idx)))
+        return edits
 
     # ================================================================== reading the window
     def plan(self) -> list[Edit]:
@@ -646,6 +666,27 @@ class Window:
     @staticmethod
     def _bandwidth_ms(nbytes: int, gbps: float = 10.0) -> float:
         return nbytes / (gbps * 1e9) * 1e3
+
+
+def _longest_increasing(keys: Sequence[int], items: Sequence[str]) -> list[str]:
+    """Items whose keys form a longest strictly increasing subsequence (patience sorting, O(n log n))."""
+    import bisect
+
+    tails: list[int] = []  # tails[k]: index into keys of the smallest tail of an increasing run of length k+1
+    prev = [-1] * len(keys)
+    for i, k in enumerate(keys):
+        j = bisect.bisect_left([keys[t] for t in tails], k)
+        if j > 0:
+            prev[i] = tails[j - 1]
+        if j == len(tails):
+            tails.append(i)
+        else:
+            tails[j] = i
+    out, i = [], tails[-1] if tails else -1
+    while i >= 0:
+        out.append(items[i])
+        i = prev[i]
+    return out[::-1]
 
 
 __all__ = ["Window", "WindowStats", "Edit", "Mode"]
