@@ -305,3 +305,39 @@ def test_recall_cascade_is_computed_and_applied(llama, cascade):
         assert refresh == ["d"] and kl > 1e-6
         win.recondition()
         assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6
+
+
+def test_superset_context_rebuilds_and_limited_recondition(llama):
+    """[a c] -> recall b at 1 -> [a b c]: c's context grew (superset of the one it was formed on): plan()
+    flags it for rebuild, "apply" rebuilds it; recondition(limit=1) refreshes the most diverged first."""
+    a, b, c = (text(llama, 8, 1000 + i, n) for i, n in enumerate("abc"))
+    for cascade in ("plan", "apply"):
+        win = wk.Window(llama, mode="patch", rank=None, cascade=cascade)
+        win.admit(a)
+        win.admit(b)
+        win.evict("b")
+        win.admit(c)  # formed on (a)
+        win.recall("b", at=1)
+        ref = reference_logits(llama, [a, b, c], QUERY)
+        if cascade == "apply":
+            assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6
+        else:
+            (edit,) = [e for e in win.plan() if e.op == "refresh-patch"]
+            assert edit.chunk_id == "c" and edit.rebuild and 0 < edit.divergence < 1
+            assert win.recondition(limit=1) == ["c"]
+            assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6
+
+
+def test_removal_patches_recondition_survivors(mla):
+    """removal_patches=True: after an eviction the survivors are re-conditioned on what is left, so a
+    full-rank window equals a fresh prefill of the survivors (keep-as-is does not)."""
+    cs = [text(mla, 10, 1100 + i, f"s{i}") for i in range(3)]
+    ref = reference_logits(mla, cs[1:], QUERY)
+    kls = {}
+    for flag in (False, True):
+        win = wk.Window(mla, mode="patch", rank=None, removal_patches=flag)
+        for c in cs:
+            win.admit(c)
+        win.evict("head")
+        kls[flag] = kl_divergence(ref, win.forward(QUERY))
+    assert kls[True] <= 1e-6 < kls[False], kls

@@ -29,7 +29,7 @@ from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, WindowkitError
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, form_orbit_patch, form_patch, form_removal_patch, orderings, place
-from windowkit.graph import Cascade, DependencyGraph, TokenCostModel
+from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
 from windowkit.store import ChunkStore, chunk_key, context_hash, orbit_context_hash
 
 Mode = Literal["patch", "blind", "exact"]
@@ -60,14 +60,17 @@ class WindowStats:
 class Edit:
     """One pending edit, as ``plan()`` lists it."""
 
-    op: str  # "place" | "relocate" | "form-patch" | "prefill"
+    op: str  # "relocate" | "refresh-patch" | "prefill"
     chunk_id: str
     tokens: int
     est_ms: float
     est_bytes: int
+    divergence: float = 0.0  # refresh-patch: how far the context drifted from the one the KV was formed on
+    rebuild: bool = False  # refresh-patch: the reuse-safety envelope says rebuild (superset or disjoint context)
 
     def __repr__(self) -> str:
-        return f"Edit({self.op} {self.chunk_id} tokens={self.tokens} ~{self.est_ms:.2f}ms {self.est_bytes}B)"
+        extra = f" div={self.divergence:.2f}{' rebuild' if self.rebuild else ''}" if self.op == "refresh-patch" else ""
+        return f"Edit({self.op} {self.chunk_id} tokens={self.tokens} ~{self.est_ms:.2f}ms {self.est_bytes}B{extra})"
 
 
 @dataclass
@@ -237,12 +240,18 @@ class Window:
         if self.mode == "patch":
             self._refresh_known(self._index(cid) + 1)
             if self.cascade == "apply":
-                starts = self.starts()
-                for step in self.last_cascade.steps[1:]:
-                    e = self._entries[step.index]
-                    ante = tuple(self.ids[:step.index])
+                # the cascade (patches formed on the recalled chunk, transitively) plus chunks behind it whose
+                # context became a strict superset of the one they were formed on (App. D: rebuild)
+                pos = self._index(cid)
+                targets = {step.index for step in self.last_cascade.steps[1:]}
+                for i in range(pos + 1, len(self._entries)):
+                    if reuse_decision(self._entries[i].ante, self.ids[:i])[1]:
+                        targets.add(i)
+                for i in sorted(targets):
+                    e = self._entries[i]
+                    ante = tuple(self.ids[:i])
                     if e.ante != ante:
-                        self._condition(e, step.index, starts[step.index], ante)
+                        self._condition(e, i, self.starts()[i], ante)
         return cid
 
     def reorder(self, ids: Sequence[str]) -> None:
@@ -325,7 +334,9 @@ class Window:
                 # optional: its KV keeps conditioning formed on another context (keep-as-is);
                 # recondition() would form a fresh patch with one conditioned forward
                 n = len(e.chunk)
-                edits.append(Edit("refresh-patch", e.id, n, n * ms_tok, self._patch_bytes_per_token() * n))
+                score, rebuild = reuse_decision(e.ante, ids[:i])
+                edits.append(Edit("refresh-patch", e.id, n, n * ms_tok, self._patch_bytes_per_token() * n, score,
+                                  rebuild))
         return edits
 
     def materialize(self) -> tuple[Any, torch.Tensor]:
@@ -400,16 +411,26 @@ class Window:
             other._entries.append(ne)
         return other
 
-    def recondition(self) -> None:
-        """Give every chunk the conditioning of its current context (stored patch, else one forward)."""
+    def recondition(self, limit: Optional[int] = None) -> list[str]:
+        """Give chunks the conditioning of their current context (stored patch, else one conditioned forward).
+
+        ``limit``: refresh only the ``limit`` chunks whose context drifted most (the reuse-safety envelope's
+        divergence, appendix D), e.g. under a time budget. Refreshes run in window order, so a refreshed chunk
+        conditions the ones after it. Returns the refreshed ids.
+        """
         if self.mode != "patch":
-            return
-        starts = self.starts()
-        for i, e in enumerate(list(self._entries)):
-            ante = tuple(x.id for x in list(self._entries)[:i])
-            if ante != e.ante:
-                self._condition(e, i, starts[i], ante)
+            return []
+        ids = self.ids
+        stale = [(divergence(e.ante, ids[:i]), i) for i, e in enumerate(self._entries) if e.ante != tuple(ids[:i])]
+        if limit is not None:
+            stale = sorted(stale, key=lambda t: (-t[0], t[1]))[:max(int(limit), 0)]
+        done = []
+        for _score, i in sorted(stale, key=lambda t: t[1]):
+            e = self._entries[i]
+            self._condition(e, i, self.starts()[i], tuple(self.ids[:i]))
+            done.append(e.id)
         self._version += 1
+        return done
 
     def is_disposable(self, chunk_id: str, query_ids: Union[Sequence[int], torch.Tensor]) -> bool:
         """Appendix E's test: drop the chunk's conditioning (use its relocated canonical) and check whether
