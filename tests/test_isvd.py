@@ -333,3 +333,23 @@ def test_from_factors_validates():
         IncrementalSVD.from_factors(U, torch.tensor([1.0, float("nan")]), B)
     isvd = IncrementalSVD.from_factors(U, S, B)
     assert (isvd.rank, isvd.k, isvd.n_rows, isvd.d, isvd.store_dtype) == (2, 2, 4, 3, F32)
+
+
+def test_residual_threshold_never_adds_noise_directions():
+    """Rows exactly in a rank-3 span, perturbed far below the eq. (5) threshold: the effective rank stays 3
+    however many blocks arrive (no rounding-level direction is admitted), and real new directions above
+    the threshold are still admitted."""
+    d, t = 48, 3
+    X = low_rank_rows(600, d, t, seed=11)
+    g = torch.Generator().manual_seed(12)
+    X = X + 1e-9 * torch.randn(X.shape, generator=g)  # well under tau = 1e-6
+    isvd = IncrementalSVD(rank=16, store_dtype=F32)
+    for blk in X.split(20):
+        isvd.update(blk)
+        assert isvd.k <= t, f"effective rank grew to {isvd.k} on sub-threshold noise"
+    assert isvd.k == t
+    new_dir = torch.zeros(1, d)
+    new_dir[0, 0] = 1.0
+    new_dir = new_dir - (new_dir @ isvd.B.float()) @ isvd.B.float().T  # orthogonal to the span: a real direction
+    isvd.update(new_dir * 0.5)
+    assert isvd.k == t + 1

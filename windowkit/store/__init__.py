@@ -9,9 +9,11 @@
     kv = store.get_canonical(key)
 
 Layering: imports ``windowkit.kv``, ``windowkit.errors`` and ``policies.eviction`` only.
-See docs/store.md.
+Cold tier (off by default): ``ChunkStore(..., cold=ColdTierConfig(rank=16))`` stores canonicals under
+budget pressure (or on ``store.compress(key)``) as exact edge rows + low-rank factors; see docs/store.md.
 """
+from windowkit.store.cold import ColdTierConfig
 from windowkit.store.keys import chunk_key, context_hash, orbit_context_hash
 from windowkit.store.store import ChunkStore, StoreStats
 
-__all__ = ["ChunkStore", "StoreStats", "chunk_key", "context_hash", "orbit_context_hash"]
+__all__ = ["ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "context_hash", "orbit_context_hash"]

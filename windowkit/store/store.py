@@ -44,6 +44,8 @@ from policies.eviction import LRU, EvictionPolicy, PolicySpec, make_eviction_pol
 from windowkit.errors import ChunkNotFoundError, KVShapeError, StoreCorruptError, WindowkitError
 from windowkit.kv.layout import ChunkKV, KVLayout
 from windowkit.kv.patch import Patch
+from windowkit.store import cold as _cold
+from windowkit.store.cold import ColdTierConfig
 from windowkit.store.disk import CorruptEntry, DiskTier, EntryId, Row
 from windowkit.store.keys import chunk_key
 
@@ -70,6 +72,8 @@ class StoreStats:
     disk_reads: int = 0
     disk_bytes_read: int = 0  # file bytes (payload + safetensors header)
     disk_bytes_written: int = 0
+    cold_compressed: int = 0  # canonicals turned cold (compress() or budget pressure with a cold tier)
+    cold_bytes_saved: int = 0  # sum over those of exact bytes - cold bytes (see also ChunkStore.cold_stats())
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +105,10 @@ class ChunkStore:
         layout: the ``KVLayout`` every entry must have; None takes the stored one or the first put's.
         memory_budget_bytes: with ``path``, bound of the memory cache (default: ``budget_bytes``; 0: off).
         on_corrupt: "raise" (``StoreCorruptError``) or "miss", after dropping a corrupt disk entry.
+        cold: a ``ColdTierConfig`` turns the compressed cold tier on (default None: off, every entry exact).
+            Then a put that needs room compresses the policy's victim instead of evicting it when that
+            victim is an exact canonical that compresses (see docs/store.md, "Cold tier"); ``compress(key)``
+            does it on demand.
 
     Example::
 
@@ -112,7 +120,7 @@ class ChunkStore:
     def __init__(self, path: str | os.PathLike | None = None, budget_bytes: Optional[int] = None,
                  policy: PolicySpec = None, model_fingerprint: Optional[str] = None,
                  layout: Optional[KVLayout] = None, *, memory_budget_bytes: Optional[int] = None,
-                 on_corrupt: Literal["raise", "miss"] = "raise") -> None:
+                 on_corrupt: Literal["raise", "miss"] = "raise", cold: Optional[ColdTierConfig] = None) -> None:
         if budget_bytes is not None and budget_bytes < 0:
             raise WindowkitError(f"budget_bytes must be >= 0 or None, got {budget_bytes}")
         if memory_budget_bytes is not None and (path is None or memory_budget_bytes < 0):
@@ -124,8 +132,11 @@ class ChunkStore:
             self._policy: EvictionPolicy = make_eviction_policy(policy)
         except (ValueError, TypeError) as e:
             raise WindowkitError(str(e)) from None
+        if cold is not None and not isinstance(cold, ColdTierConfig):
+            raise WindowkitError(f"cold must be a ColdTierConfig or None, got {type(cold).__name__}")
         self.budget_bytes = budget_bytes
         self.on_corrupt = on_corrupt
+        self.cold = cold
         self.stats = StoreStats()
         self._lock = threading.RLock()  # background encoders may put while the window reads
         self._entries: dict[EntryId, _Entry] = {}
@@ -147,8 +158,7 @@ class ChunkStore:
             for row in rows:  # write order stands in for recency: access order is not persisted
                 self._add_entry(row.eid, _Entry(row.nbytes, row.meta, row))
             if budget_bytes is not None:  # reopened with a smaller budget: shrink now
-                while self._policy.nbytes > budget_bytes:
-                    self._evict(self._policy.victim())
+                self._make_room(0, budget_bytes)
 
     # ---------------------------------------------------------------- facts
     @property
@@ -263,8 +273,7 @@ class ChunkStore:
             if eid in self._entries:
                 self._remove(eid, evicted=False)
             if budget is not None:
-                while self._policy.nbytes + nbytes > budget:
-                    self._evict(self._policy.victim())
+                self._make_room(nbytes, budget)
             row = None
             if self._disk is not None:
                 header = {_PATCH_PREFIX + k: v for k, v in (patch_meta or {}).items()}
@@ -334,8 +343,102 @@ class ChunkStore:
         if self._layout is None:  # pragma: no cover  (an entry implies a layout)
             raise KVShapeError("store has entries but no layout")
         if eid[0] == CANONICAL:
+            if _cold.is_cold(payload.tensors):
+                return _cold.decompress_tensors(payload.tensors, self._layout)
             return ChunkKV.from_tensors(payload.tensors, self._layout)
         return Patch.from_tensors(payload.tensors, payload.patch_meta or {}, self._layout)
+
+    # ---------------------------------------------------------------- cold tier
+    def compress(self, key: str, config: Optional[ColdTierConfig] = None) -> int:
+        """Store the canonical of ``key`` cold now (``config`` or the store's ``cold``); pinned or not.
+
+        Returns the bytes saved: 0 when it is already cold or no slot is worth compressing (it stays exact).
+        ChunkNotFoundError if absent; a corrupt disk entry is dropped as by a get (``on_corrupt``).
+        The entry re-enters the eviction policy as a fresh entry of its new size, as a put would.
+        """
+        cfg = config if config is not None else self.cold
+        if not isinstance(cfg, ColdTierConfig):
+            raise WindowkitError("compress needs a ColdTierConfig (pass one, or open the store with cold=...)")
+        eid = _eid(key, None)
+        with self._lock:
+            self._check_open()
+            if eid not in self._entries:
+                raise ChunkNotFoundError(f"no canonical KV for chunk key {key!r} in the store")
+            try:
+                return self._compress(eid, cfg)
+            except (CorruptEntry, KVShapeError, KeyError, ValueError) as err:
+                self._remove(eid, evicted=False)
+                self.stats.corrupt_dropped += 1
+                if self.on_corrupt == "raise":
+                    raise StoreCorruptError(f"store entry {eid[0]}/{eid[1]}/{eid[2]} dropped: {err}") from None
+                return 0
+
+    def is_cold(self, key: str) -> bool:
+        """Whether the canonical of ``key`` is stored cold (approximate); False if absent."""
+        e = self._entries.get(_eid(key, None))
+        return e is not None and "cold" in e.meta
+
+    def cold_stats(self) -> dict:
+        """Live cold entries: count, their bytes, the exact bytes they stand for and the bytes saved."""
+        with self._lock:
+            cold = [e for (kind, _, _), e in self._entries.items() if kind == CANONICAL and "cold" in e.meta]
+            exact = sum(int(e.meta["cold"]["exact_bytes"]) for e in cold)
+            held = sum(e.nbytes for e in cold)
+            return {"entries": len(cold), "bytes": held, "exact_bytes": exact, "bytes_saved": exact - held}
+
+    def _compress(self, eid: EntryId, cfg: ColdTierConfig) -> int:
+        """Replace an exact canonical by its cold form (same entry id). 0 if already cold or incompressible."""
+        e = self._entries[eid]
+        if eid[0] != CANONICAL or "cold" in e.meta or self._layout is None:
+            return 0
+        payload = self._mem.get(eid)
+        if payload is None:
+            tensors, _, nread = self._disk.read(e.row)  # type: ignore[union-attr]
+            self.stats.disk_reads += 1
+            self.stats.disk_bytes_read += nread
+        else:
+            tensors = payload.tensors
+        got = _cold.compress_tensors(tensors, self._layout, cfg)
+        if got is None:
+            return 0
+        ctensors, facts = got
+        nbytes = sum(t.numel() * t.element_size() for t in ctensors.values())
+        if nbytes >= e.nbytes:  # pragma: no cover  (compress_kv only factorizes slots that shrink)
+            return 0
+        meta = {**e.meta, "approx": facts["approx"], "cold": {k: v for k, v in facts.items() if k != "approx"}}
+        meta = _check_meta(meta)
+        if self._disk is not None:
+            e.row = self._disk.write(eid, ctensors, {}, nbytes, meta)
+            self.stats.disk_bytes_written += e.row.file_bytes
+        saved = e.nbytes - nbytes
+        e.nbytes, e.meta = nbytes, meta
+        self._policy.insert(eid, nbytes)  # a fresh entry of the new size (a pin stays a pin)
+        if eid in self._mem:
+            if self._mem_policy is None:
+                self._mem[eid] = _Payload(ctensors, None)
+            else:
+                self._mem_policy.remove(eid)
+                del self._mem[eid]
+                self._cache(eid, _Payload(ctensors, None), nbytes)
+        self.stats.cold_compressed += 1
+        self.stats.cold_bytes_saved += saved
+        return saved
+
+    def _make_room(self, nbytes: int, budget: int) -> None:
+        """Free bytes until ``nbytes`` more fit: the policy's victim is compressed when the cold tier is on
+        and it is an exact canonical that compresses, evicted otherwise (each step shrinks the store or
+        turns one exact canonical cold, so this ends)."""
+        while self._policy.nbytes + nbytes > budget:
+            victim = self._policy.victim()
+            if self.cold is not None and victim is not None and victim[0] == CANONICAL:
+                try:
+                    if self._compress(victim, self.cold) > 0:
+                        continue
+                except (CorruptEntry, KVShapeError, KeyError, ValueError):
+                    self._remove(victim, evicted=False)
+                    self.stats.corrupt_dropped += 1
+                    continue
+            self._evict(victim)
 
     # ---------------------------------------------------------------- pins, drops
     def pin(self, key: str, ctx: Optional[str] = None) -> None:
