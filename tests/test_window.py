@@ -341,3 +341,20 @@ def test_removal_patches_recondition_survivors(mla):
         win.evict("head")
         kls[flag] = kl_divergence(ref, win.forward(QUERY))
     assert kls[True] <= 1e-6 < kls[False], kls
+
+
+def test_vision_tower_runs_once_per_image_chunk():
+    """An image chunk admitted, evicted, recalled and moved never re-runs the vision tower."""
+    from windowkit.backends.tiny import synthetic_image_chunk
+
+    be = wk.HFBackend(build("tiny-qwen2.5-vl"))
+    imgs = [synthetic_image_chunk(be.model, (1, 4, 4), seed=i, id=f"img{i}") for i in range(3)]
+    win = wk.Window(be, mode="patch", rank=8)
+    for c in imgs:
+        win.admit(c)
+    assert win.stats.vision_calls == 3
+    win.evict("head")
+    win.recall("img0", at=1)
+    win.reorder(["img0", "img2", "img1"])
+    assert torch.isfinite(win.forward(torch.tensor([11, 12]))).all()
+    assert win.stats.vision_calls == 3

@@ -49,6 +49,7 @@ class WindowStats:
     reused_tokens: int = 0  # tokens placed from stored KV instead of a prefill
     fallbacks: int = 0  # edits that fell back to an exact re-prefill
     forwards: int = 0
+    vision_calls: int = 0  # vision-tower runs caused by this window (a recalled or moved chunk causes none)
     bytes_moved: int = 0  # KV bytes written by relocate / patch apply
     est_ms_saved: float = 0.0  # reused tokens x measured prefill ms/token, minus time spent editing
 
@@ -457,8 +458,10 @@ class Window:
 
     def _run(self, chunks: Sequence[Chunk], start: int, past: Optional[ChunkKV]):
         t0 = time.perf_counter()
+        v0 = self.backend.stats.vision_calls
         res = self.backend.forward(chunks, start, past)
         dt = (time.perf_counter() - t0) * 1e3
+        self.stats.vision_calls += self.backend.stats.vision_calls - v0
         n = sum(res.token_counts)
         self.stats.forwards += 1
         self.stats.prefill_tokens += n

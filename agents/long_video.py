@@ -1,0 +1,369 @@
+"""A long-video QA agent on a windowkit ``Window``: slide over sampled frames, look back when asked.
+
+    from agents.long_video import LongVideoAgent, make_plan
+    agent = LongVideoAgent(model, window=6)                       # a Qwen2.5-VL / Qwen3-VL model
+    frames = agent.load_video("clip.avi", fps=2.0, max_frames=24) # decoded + processed before any edit
+    plan = make_plan(len(frames), window=6, steps=20, lookback_at=[12, 16])
+    report = agent.run(frames, plan, question_ids, prompt_ids)
+    for row in report.steps: print(row.kind, row.ops, row.delta, row.answer)
+
+Each step holds ``window`` frames plus the question chunk at the tail and reaches that window with one
+``win.assign([...frames..., question])``: on a slide the head frame is evicted (survivors only relocate)
+and the new frame admitted in front of the question; on a look-back step the frames t-10..t-8 come back
+by ``recall`` (canonical from the store + R(δ) + a fresh rank-m patch: no vision tower run, no
+re-encode). Every step logs the deltas of ``win.stats`` and of the backend's ``vision_calls``, the
+greedy answer tokens, and, when a reference is kept, fidelity against exact re-prefill of the same
+window (next-token KL, argmax and answer agreement) and the tokens a prefix cache would re-prefill.
+
+Frames become image chunks without downloads: transformers' Pillow Qwen2-VL image processor (small
+pixel budget) gives ``pixel_values`` and ``image_grid_thw``; the ids are
+``[<vision_start>] + [<image_pad>] * n_merged + [<vision_end>]`` with the model config's token ids.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+from agents.video_io import Frame, VideoError, read_frames
+from windowkit.chunk import Chunk
+from windowkit.errors import ChunkError, UnsupportedModelError, WindowkitError
+
+#: ``win.stats`` fields logged per step (deltas), plus the backend's ``vision_calls``
+STAT_FIELDS = ("encodes", "patch_forms", "patch_reuses", "patch_applies", "relocations", "prefill_tokens",
+               "reused_tokens", "forwards", "fallbacks", "est_ms_saved")
+
+
+# ====================================================================== frames -> image chunks
+class FrameEncoder:
+    """Turns RGB frames into Qwen-VL image chunks with the Pillow Qwen2-VL image processor (offline).
+
+    ``size=(w, h)`` is rounded to multiples of patch_size * merge_size (28 for Qwen2.5-VL, 32 for
+    Qwen3-VL) and the processor's pixel budget is pinned to it, so every frame gets the same grid.
+    ``image_mean`` / ``image_std`` are read from ``preprocessor_config.json`` when ``model_path`` has one.
+    """
+
+    def __init__(self, model: Any, size: tuple[int, int] = (112, 84), model_path: Optional[str] = None):
+        cfg = model.config
+        vc = getattr(cfg, "vision_config", None)
+        needed = ("image_token_id", "vision_start_token_id", "vision_end_token_id")
+        if vc is None or any(getattr(cfg, n, None) is None for n in needed):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} is not a Qwen-VL model (needs vision_config and {', '.join(needed)})")
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.patch = int(vc.patch_size)
+        self.merge = int(vc.spatial_merge_size)
+        self.temporal = int(getattr(vc, "temporal_patch_size", 2))
+        factor = self.patch * self.merge
+        w = max(factor, round(int(size[0]) / factor) * factor)
+        h = max(factor, round(int(size[1]) / factor) * factor)
+        self.size = (w, h)
+        kw: dict = {}
+        if model_path and os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):
+            with open(os.path.join(model_path, "preprocessor_config.json")) as f:
+                pc = json.load(f)
+            kw = {k: pc[k] for k in ("image_mean", "image_std") if k in pc}
+        self.processor = Qwen2VLImageProcessorPil(min_pixels=factor * factor, max_pixels=w * h, patch_size=self.patch,
+                                                  temporal_patch_size=self.temporal, merge_size=self.merge, **kw)
+        self.ids = (int(cfg.vision_start_token_id), int(cfg.image_token_id), int(cfg.vision_end_token_id))
+        self.dtype = next(model.parameters()).dtype
+
+    def __call__(self, frame: Frame) -> Chunk:
+        from PIL import Image
+
+        img = Image.fromarray(frame.rgb).convert("RGB").resize(self.size, Image.BICUBIC)
+        out = self.processor(images=[img], return_tensors="pt")
+        pv, grid = out["pixel_values"], torch.as_tensor(out["image_grid_thw"]).long()
+        t, h, w = (int(x) for x in grid[0])
+        n = t * h * w // (self.merge * self.merge)
+        start, pad, end = self.ids
+        ids = torch.tensor([start] + [pad] * n + [end], dtype=torch.long)
+        return Chunk.image(ids, pixel_values=pv.to(self.dtype), image_grid_thw=grid, id=f"frame-{frame.index}",
+                           frame_index=frame.index, time_s=frame.time_s)
+
+
+# ====================================================================== the step plan
+@dataclass
+class Step:
+    """One agent step: the sampled-frame indices the window should hold (in order) before the question."""
+
+    index: int
+    kind: str  # "slide" | "look-back"
+    frames: list[int]
+
+
+def make_plan(n_frames: int, window: int, steps: Optional[int] = None, lookback_at: Iterable[int] = (),
+              lookback: tuple[int, int] = (10, 8)) -> list[Step]:
+    """Slide a ``window``-frame window over ``n_frames`` sampled frames (step s ends at frame s); at each
+    step in ``lookback_at`` hold frames s-10..s-8 (``lookback``) first, then the most recent ones.
+
+        make_plan(24, window=6, steps=20, lookback_at=[12])[12].frames == [2, 3, 4, 10, 11, 12]
+    """
+    if window < 1:
+        raise WindowkitError(f"window must be >= 1 frame, got {window}")
+    if n_frames < 1:
+        raise VideoError("no frames to plan over")
+    steps = n_frames if steps is None else int(steps)
+    if not 1 <= steps <= n_frames:
+        raise WindowkitError(f"steps must be in 1..{n_frames} (one step per sampled frame), got {steps}")
+    far, near = int(lookback[0]), int(lookback[1])
+    if not far >= near >= 1:
+        raise WindowkitError(f"lookback must be (far, near) with far >= near >= 1, got {lookback}")
+    back = sorted(set(int(s) for s in lookback_at))
+    for s in back:
+        if not far <= s < steps:
+            raise WindowkitError(f"look-back step {s} must be in {far}..{steps - 1} (frames s-{far}..s-{near} exist)")
+    plan = []
+    for s in range(steps):
+        if s in back:
+            early = list(range(s - far, s - near + 1))
+            n_recent = max(window - len(early), 1)
+            recent = [i for i in range(s - n_recent + 1, s + 1) if i > early[-1]]
+            plan.append(Step(s, "look-back", early + recent))
+        else:
+            plan.append(Step(s, "slide", list(range(max(0, s - window + 1), s + 1))))
+    return plan
+
+
+# ====================================================================== logging
+@dataclass
+class StepLog:
+    index: int
+    kind: str
+    frames: list[int]
+    ops: dict  # assign's edits counted by op: admit / evict / recall / reorder
+    delta: dict  # win.stats deltas over the step (STAT_FIELDS) + "vision_calls"
+    answer: list[int]
+    window_tokens: int
+    ms: float  # measured: assign + next-token forward on the patch window (generate not timed)
+    prefix_cache_tokens: int = 0  # tokens a prefix cache would prefill (from the first changed chunk on)
+    exact_ms: Optional[float] = None  # measured: the same step on the exact (re-prefill) window
+    exact_answer: Optional[list[int]] = None
+    kl: Optional[float] = None  # KL(exact || patch) of the next-token distribution after the prompt
+    argmax_agree: Optional[bool] = None
+
+
+@dataclass
+class AgentReport:
+    steps: list[StepLog] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)  # final win.stats
+    vision_calls: int = 0  # final backend.stats.vision_calls (patch window's backend)
+    ms_per_token: float = 0.0  # exact-window prefill ms per token (for modeled prefix-cache time)
+
+    def totals(self) -> dict:
+        out = {k: 0 for k in STAT_FIELDS + ("vision_calls",)}
+        for r in self.steps:
+            for k in out:
+                out[k] += r.delta.get(k, 0)
+        return out
+
+    def summary(self) -> dict:
+        """Aggregates for the summary table."""
+        n = len(self.steps)
+        kls = [r.kl for r in self.steps if r.kl is not None]
+        agree = [r.argmax_agree for r in self.steps if r.argmax_agree is not None]
+        ans = [r.answer == r.exact_answer for r in self.steps if r.exact_answer is not None]
+        pc_tok = sum(r.prefix_cache_tokens for r in self.steps)
+        wk_tok = sum(r.delta.get("prefill_tokens", 0) for r in self.steps)
+        exact_tok = sum(r.window_tokens for r in self.steps)
+        return dict(steps=n, kl_mean=sum(kls) / len(kls) if kls else None, kl_max=max(kls) if kls else None,
+                    argmax_agree=sum(agree) / len(agree) if agree else None,
+                    answer_agree=sum(ans) / len(ans) if ans else None,
+                    windowkit_prefill_tokens=wk_tok, prefix_cache_tokens=pc_tok, exact_prefill_tokens=exact_tok,
+                    windowkit_ms=sum(r.ms for r in self.steps),
+                    exact_ms=sum(r.exact_ms for r in self.steps if r.exact_ms is not None),
+                    prefix_cache_ms_modeled=pc_tok * self.ms_per_token,
+                    windowkit_ms_modeled=wk_tok * self.ms_per_token,
+                    vision_calls=self.vision_calls)
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """KL(p || q) of the softmaxes of two logit vectors."""
+    lp = torch.log_softmax(p_logits.double(), -1)
+    lq = torch.log_softmax(q_logits.double(), -1)
+    return float((lp.exp() * (lp - lq)).sum().clamp_min(0.0))
+
+
+def _common_prefix_tokens(prev: Sequence[Chunk], cur: Sequence[Chunk]) -> int:
+    """Tokens of ``cur`` from its first chunk that differs from ``prev`` on (a prefix cache re-prefills them)."""
+    k = 0
+    while k < min(len(prev), len(cur)) and prev[k].id == cur[k].id:
+        k += 1
+    return sum(len(c) for c in cur[k:])
+
+
+# ====================================================================== the agent
+class LongVideoAgent:
+    """A sliding-window video QA agent on a windowkit ``Window`` (see the module docstring).
+
+    model:     a Qwen2.5-VL / Qwen3-VL transformers model (tiny random or a local checkpoint)
+    window:    frames held per step (the question chunk comes on top)
+    rank:      patch rank m; mode: "patch" | "blind" | "exact"
+    reference: also run a mode="exact" window over the same steps (fidelity + exact timing)
+    """
+
+    def __init__(self, model: Any, *, window: int = 6, rank: Optional[int] = 32, mode: str = "patch",
+                 frame_size: tuple[int, int] = (112, 84), reference: bool = True, model_path: Optional[str] = None,
+                 max_new_tokens: int = 4):
+        from windowkit.backends.hf import HFBackend
+        from windowkit.window import Window
+
+        if int(window) < 1:
+            raise WindowkitError(f"window must be >= 1 frame, got {window}")
+        self.window = int(window)
+        self.max_new_tokens = int(max_new_tokens)
+        self.encoder = FrameEncoder(model, frame_size, model_path)
+        self.backend = HFBackend(model)
+        self.win = Window(self.backend, rank=rank, mode=mode)
+        self.ref = Window(HFBackend(model), mode="exact") if reference else None
+
+    # ------------------------------------------------------------------ input
+    def load_video(self, path: str, fps: Optional[float] = 2.0, max_frames: Optional[int] = None) -> list[Chunk]:
+        """Decode and sample ``path``, and turn every sampled frame into an image chunk. Raises
+        ``VideoError`` (a ``ChunkError``) on a missing, unreadable or empty video; nothing is admitted."""
+        frames = read_frames(path, fps=fps, max_frames=max_frames)
+        return [self.encoder(f) for f in frames]
+
+    # ------------------------------------------------------------------ running
+    def run(self, frames: Sequence[Chunk], plan: Sequence[Step], question_ids: Sequence[int],
+            prompt_ids: Sequence[int], progress: Optional[Callable[[Iterable], Iterable]] = None,
+            on_step: Optional[Callable[[StepLog], None]] = None) -> AgentReport:
+        """Run every step of ``plan``; returns the per-step logs. ``progress`` wraps the step iterator
+        (e.g. tqdm); ``on_step`` sees each row as soon as it is done."""
+        if not frames:
+            raise VideoError("no frames to run over")
+        for s in plan:
+            bad = [i for i in s.frames if not 0 <= i < len(frames)]
+            if bad:
+                raise WindowkitError(f"step {s.index} asks for frames {bad} outside 0..{len(frames) - 1}")
+        question = Chunk.text(torch.as_tensor(list(question_ids), dtype=torch.long), id="question")
+        prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long)
+        if prompt.numel() == 0:
+            raise ChunkError("prompt_ids must hold at least one token")
+        report = AgentReport()
+        prev: list[Chunk] = []
+        it: Iterable = progress(plan) if progress is not None else plan
+        exact_ms_tok: list[float] = []
+        for s in it:
+            row = self.step(s, [frames[i] for i in s.frames], question, prompt, prev)
+            prev = [frames[i] for i in s.frames] + [question]
+            if row.exact_ms is not None and row.window_tokens:
+                exact_ms_tok.append(row.exact_ms / row.window_tokens)
+            report.steps.append(row)
+            if on_step is not None:
+                on_step(row)
+        report.stats = self.win.stats.as_dict()
+        report.vision_calls = self.backend.stats.vision_calls
+        if exact_ms_tok:
+            exact_ms_tok.sort()
+            report.ms_per_token = exact_ms_tok[len(exact_ms_tok) // 2]  # median: robust on a shared CPU
+        return report
+
+    def step(self, s: Step, frame_chunks: Sequence[Chunk], question: Chunk, prompt: torch.Tensor,
+             prev: Sequence[Chunk] = ()) -> StepLog:
+        """One step: ``assign`` the window, read the next-token logits and the greedy answer after ``prompt``."""
+        wanted = list(frame_chunks) + [question]
+        before = self.win.stats.as_dict()
+        vc0 = self.backend.stats.vision_calls
+        t0 = time.perf_counter()
+        edits = self.win.assign(wanted)
+        logits = self.win.forward(prompt)  # materializes the window: relocations happen here
+        ms = (time.perf_counter() - t0) * 1e3
+        answer = self.win.generate(prompt, max_new_tokens=self.max_new_tokens)
+        after = self.win.stats.as_dict()
+        delta = {k: after[k] - before[k] for k in STAT_FIELDS}
+        delta["vision_calls"] = self.backend.stats.vision_calls - vc0
+        ops: dict = {}
+        for op, _ in edits:
+            ops[op] = ops.get(op, 0) + 1
+        row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
+                      prefix_cache_tokens=_common_prefix_tokens(list(prev), wanted))
+        if self.ref is not None:
+            t1 = time.perf_counter()
+            self.ref.assign(wanted)
+            ref_logits = self.ref.forward(prompt)  # one full re-prefill of the window (+ the prompt)
+            row.exact_ms = (time.perf_counter() - t1) * 1e3  # assign + forward, as ``ms``
+            row.exact_answer = self.ref.generate(prompt, max_new_tokens=self.max_new_tokens)  # reuses that prefill
+            row.kl = _kl(ref_logits, logits)
+            row.argmax_agree = int(ref_logits.argmax()) == int(logits.argmax())
+        return row
+
+
+# ====================================================================== tables
+def format_step_table(rows: Sequence[StepLog], header: bool = True) -> str:
+    cols = ("step", "kind", "frames", "ops", "enc", "vis", "forms", "apply", "reuse", "reloc", "prefill", "pc_tok",
+            "ms", "exact_ms", "KL", "agree", "answer")
+    lines = []
+    if header:
+        lines.append(" ".join(f"{c:>8}" if i not in (1, 2, 3, 16) else f"{c:<{_W[i]}}" for i, c in enumerate(cols)))
+    for r in rows:
+        lines.append(format_step_row(r))
+    return "\n".join(lines)
+
+
+_W = {1: 9, 2: 16, 3: 22, 16: 16}
+
+
+def format_step_row(r: StepLog) -> str:
+    d = r.delta
+    frames = _ranges(r.frames)
+    ops = " ".join(f"{k}{v}" for k, v in sorted(r.ops.items()))
+    vals = [f"{r.index:>8}", f"{r.kind:<9}", f"{frames:<16}", f"{ops:<22}", f"{d['encodes']:>8}",
+            f"{d['vision_calls']:>8}", f"{d['patch_forms']:>8}", f"{d['patch_applies']:>8}", f"{d['patch_reuses']:>8}",
+            f"{d['relocations']:>8}", f"{d['prefill_tokens']:>8}", f"{r.prefix_cache_tokens:>8}", f"{r.ms:>8.1f}",
+            f"{r.exact_ms:>8.1f}" if r.exact_ms is not None else f"{'-':>8}",
+            f"{r.kl:>8.1e}" if r.kl is not None else f"{'-':>8}",
+            f"{('yes' if r.argmax_agree else 'NO'):>8}" if r.argmax_agree is not None else f"{'-':>8}",
+            f"{r.answer}"]
+    return " ".join(vals)
+
+
+def _ranges(idx: Sequence[int]) -> str:
+    out, i = [], 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        out.append(f"{idx[i]}" if i == j else f"{idx[i]}-{idx[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def format_summary(report: AgentReport) -> str:
+    s = report.summary()
+    t = report.totals()
+    ops: dict = {}
+    for r in report.steps:
+        for k, v in r.ops.items():
+            ops[k] = ops.get(k, 0) + v
+    by_kind: dict = {}
+    for r in report.steps:
+        by_kind.setdefault(r.kind, []).append(r)
+
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    lines = ["| quantity | value |", "|---|---:|",
+             f"| steps (slide / look-back) | {len(by_kind.get('slide', []))} / {len(by_kind.get('look-back', []))} |",
+             f"| window edits | {', '.join(f'{k} {v}' for k, v in sorted(ops.items()))} |",
+             f"| encodes / vision tower calls | {t['encodes']} / {t['vision_calls']} |",
+             f"| patches formed / applied / reused | {t['patch_forms']} / {t['patch_applies']} / {t['patch_reuses']} |",
+             f"| relocations | {t['relocations']} |",
+             f"| next-token KL vs exact: mean / max | {f(s['kl_mean'], '.2e')} / {f(s['kl_max'], '.2e')} |",
+             f"| argmax agreement / answer agreement | {f(s['argmax_agree'], '.0%')} / {f(s['answer_agree'], '.0%')} |",
+             f"| prefill tokens: windowkit / prefix cache / exact re-prefill | {s['windowkit_prefill_tokens']} / "
+             f"{s['prefix_cache_tokens']} / {s['exact_prefill_tokens']} |",
+             f"| modeled prefill ms (at {report.ms_per_token:.3f} ms/token): windowkit / prefix cache | "
+             f"{s['windowkit_ms_modeled']:.0f} / {s['prefix_cache_ms_modeled']:.0f} |",
+             f"| measured ms: windowkit steps / exact steps | {s['windowkit_ms']:.0f} / {s['exact_ms']:.0f} |",
+             f"| est_ms_saved (win.stats) | {t['est_ms_saved']:.0f} |"]
+    return "\n".join(lines)
+
+
+__all__ = ["FrameEncoder", "Step", "make_plan", "StepLog", "AgentReport", "LongVideoAgent", "STAT_FIELDS",
+           "format_step_table", "format_step_row", "format_summary"]

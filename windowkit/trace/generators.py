@@ -1,0 +1,129 @@
+"""Seeded generators of the agent access patterns in the research notes (``notes/agents-and-traces.md`` §1).
+
+  sliding_window    WebVoyager / OSWorld: task prompt + the last k screenshots (k=3); each screenshot is
+                    read on k consecutive steps, then never again.
+  grow_interleave   VideoAgent: 5 uniform frames, then up to 2 retrieval rounds; all frames re-sent sorted
+                    by time, so new frames land *between* old ones and prefixes break (mean ~8.4 frames).
+  append_zoom       LOVE-R1: a fast low-res pass over the video, then zoom clips appended after the
+                    question: the prefix stays stable.
+  random_lookback   PAL-UI / DVD: captions of every past step (text) + the current screenshot, and with
+                    probability p a Retrieve(j) of a random earlier screenshot appended at the tail.
+
+Every generator takes ``seed`` and returns a Trace whose ``meta`` records its parameters.
+
+    trace = sliding_window(steps=100, k=3, seed=0)
+"""
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+from windowkit.trace.schema import ChunkRef, Step, Trace
+
+
+def _img(cid: str, tokens: int) -> ChunkRef:
+    return ChunkRef(id=cid, tokens=tokens, kind="image")
+
+
+def _txt(cid: str, tokens: int) -> ChunkRef:
+    return ChunkRef(id=cid, tokens=tokens, kind="text")
+
+
+def sliding_window(steps: int = 100, k: int = 3, *, shot_tokens: int = 765, task_tokens: int = 64,
+                   episode_len: tuple[int, int] = (3, 12), query_tokens: int = 32, seed: int = 0) -> Trace:
+    """Episodes of ``episode_len`` (uniform, inclusive) steps; step t holds [task, shot_{t-k+1..t}].
+
+        t = sliding_window(steps=20, k=3)   # WebVoyager: 765-token screenshots, 3-12 steps per task
+    """
+    rng = random.Random(seed)
+    out: list[Step] = []
+    ep = 0
+    while len(out) < steps:
+        n = rng.randint(*episode_len)
+        task = _txt(f"e{ep}/task", task_tokens)
+        for t in range(min(n, steps - len(out))):
+            shots = [_img(f"e{ep}/shot{j}", shot_tokens) for j in range(max(0, t - k + 1), t + 1)]
+            out.append(Step(step=len(out), context=[task] + shots, query_tokens=query_tokens))
+        ep += 1
+    return Trace(out, name=f"sliding-{k}", meta={"generator": "sliding_window", "k": k, "shot_tokens": shot_tokens,
+                                                "task_tokens": task_tokens, "episodes": ep, "seed": seed})
+
+
+def grow_interleave(episodes: int = 50, *, video_frames: int = 180, start_frames: int = 5, rounds: int = 2,
+                    add_per_round: tuple[int, int] = (0, 3), frame_tokens: int = 256, question_tokens: int = 48,
+                    query_tokens: int = 16, seed: int = 0) -> Trace:
+    """VideoAgent: per question, 5 uniform frames, then ``rounds`` retrieval rounds adding
+    ``add_per_round`` frames each (uniform; 0 ends the search early); every step re-sends all selected
+    frames sorted by time, then the question.
+
+        t = grow_interleave(episodes=10)
+    """
+    rng = random.Random(seed)
+    out: list[Step] = []
+    for ep in range(episodes):
+        q = _txt(f"v{ep}/q", question_tokens)
+        sel = sorted({round((i + 0.5) * video_frames / start_frames) for i in range(start_frames)})
+        for r in range(rounds + 1):
+            if r > 0:
+                n_add = rng.randint(*add_per_round)
+                if n_add == 0:
+                    break
+                free = [f for f in range(video_frames) if f not in sel]
+                sel = sorted(sel + rng.sample(free, min(n_add, len(free))))
+            ctx = [ChunkRef(id=f"v{ep}/f{f:03d}", tokens=frame_tokens, kind="video") for f in sel]
+            out.append(Step(step=len(out), context=ctx + [q], query_tokens=query_tokens))
+    return Trace(out, name="grow-interleave", meta={"generator": "grow_interleave", "episodes": episodes,
+                                                    "start_frames": start_frames, "rounds": rounds,
+                                                    "frame_tokens": frame_tokens, "seed": seed})
+
+
+def append_zoom(episodes: int = 50, *, fast_chunks: int = 8, fast_tokens: int = 1024, zooms: tuple[int, int] = (1, 3),
+                zoom_tokens: int = 2048, question_tokens: int = 48, query_tokens: int = 16, seed: int = 0) -> Trace:
+    """LOVE-R1: step 0 is [fast video segments..., question]; each later step appends one zoom clip.
+
+        t = append_zoom(episodes=10)    # fast pass: 8 x 1024 tokens; zoom clips 2048 tokens
+    """
+    rng = random.Random(seed)
+    out: list[Step] = []
+    for ep in range(episodes):
+        ctx = [ChunkRef(id=f"z{ep}/fast{i}", tokens=fast_tokens, kind="video") for i in range(fast_chunks)]
+        ctx.append(_txt(f"z{ep}/q", question_tokens))
+        out.append(Step(step=len(out), context=list(ctx), query_tokens=query_tokens))
+        for j in range(rng.randint(*zooms)):
+            ctx.append(ChunkRef(id=f"z{ep}/zoom{j}", tokens=zoom_tokens, kind="video"))
+            out.append(Step(step=len(out), context=list(ctx), query_tokens=query_tokens))
+    return Trace(out, name="append-zoom", meta={"generator": "append_zoom", "episodes": episodes,
+                                                "fast_chunks": fast_chunks, "zoom_tokens": zoom_tokens, "seed": seed})
+
+
+def random_lookback(steps: int = 100, *, p: float = 0.3, shot_tokens: int = 765, caption_tokens: int = 48,
+                    task_tokens: int = 64, episode_len: tuple[int, int] = (8, 20), query_tokens: int = 32,
+                    seed: int = 0, max_captions: Optional[int] = None) -> Trace:
+    """PAL-UI: step t holds [task, caption_0..caption_{t-1}, shot_t] and, with probability ``p``,
+    a random earlier raw screenshot shot_j (j < t) appended at the tail. Episodes of 8-20 steps
+    (GUI-Odyssey averages 15.3). ``max_captions`` keeps only the last captions (None: all).
+
+        t = random_lookback(steps=100, p=0.3)
+    """
+    rng = random.Random(seed)
+    out: list[Step] = []
+    ep = 0
+    while len(out) < steps:
+        n = rng.randint(*episode_len)
+        task = _txt(f"u{ep}/task", task_tokens)
+        for t in range(min(n, steps - len(out))):
+            lo = 0 if max_captions is None else max(0, t - max_captions)
+            caps = [_txt(f"u{ep}/cap{j}", caption_tokens) for j in range(lo, t)]
+            ctx = [task] + caps + [_img(f"u{ep}/shot{t}", shot_tokens)]
+            if t > 0 and rng.random() < p:
+                ctx.append(_img(f"u{ep}/shot{rng.randrange(t)}", shot_tokens))
+            out.append(Step(step=len(out), context=ctx, query_tokens=query_tokens))
+        ep += 1
+    return Trace(out, name="random-lookback", meta={"generator": "random_lookback", "p": p, "episodes": ep,
+                                                    "shot_tokens": shot_tokens, "seed": seed})
+
+
+GENERATORS = {"sliding-3": sliding_window, "grow-interleave": grow_interleave, "append-zoom": append_zoom,
+              "random-lookback": random_lookback}
+
+__all__ = ["sliding_window", "grow_interleave", "append_zoom", "random_lookback", "GENERATORS"]
