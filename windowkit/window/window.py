@@ -556,6 +556,9 @@ class Window:
             self.graph.set_current(e.id, None)
 
     def _condition_orbit(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
+        if not ante:  # only the prefix (or nothing) in front: one ordering, the ordinary fresh patch
+            self._condition(e, idx, start, ante)
+            return
         exact_ctx = self._ctx(ante)
         canon = self._canonical(e)
         patch = self._get_patch(e.key, exact_ctx)

@@ -1,0 +1,485 @@
+"""Replay a trace through several reuse strategies side by side and account their modeled cost.
+
+Strategies (all see the same resolved order of every step; the query is prefilled by all):
+  recompute  full recompute: re-prefill the whole context each step (and, by default, re-run the vision
+             tower on every visual chunk, as an agent re-sending its images does)
+  radix      prefix / radix cache (SGLang, vLLM): reuse the longest common *leading* prefix of chunk ids
+             with any earlier step's context, recompute the rest; the cache is unbounded
+  blind      blind position-independent reuse: a chunk is prefilled in context the first time, then only
+             relocated; counts binding-loss risk = reused chunks whose antecedents differ from the first time
+  blend      token-recompute blending (CacheBlend-style): blind + recompute 15% of the tokens of every
+             reused chunk whose antecedents changed
+  windowkit  a real windowkit Window (mode="patch") on the CostModelBackend, driven by ``win.assign``
+
+Every strategy reports per step and in total: total_ms (prefill_ms + vision_ms + reuse_ms), prefill_tokens,
+encodes (canonical encodes), vision_encodes, patch_forms, patch_applies, relocations, binding_risk and
+bytes_held (KV bytes held after the step; ``bytes_peak`` in the totals).
+
+    from windowkit.trace import simulate, sliding_window
+    res = simulate(sliding_window(steps=50), "h100-kamera")
+    res.summary()["ratios"]            # {"windowkit/radix": ..., "windowkit/recompute": ...}
+    print(res.table())
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+
+from windowkit.chunk import Chunk
+from windowkit.store import ChunkStore
+from windowkit.trace.backend import CostModelBackend
+from windowkit.trace.costs import CostProfile, load_profile
+from windowkit.trace.schema import ChunkRef, Step, Trace
+
+
+@dataclass
+class StepCost:
+    """Modeled cost of one step under one strategy."""
+
+    prefill_ms: float = 0.0
+    vision_ms: float = 0.0
+    reuse_ms: float = 0.0  # KV replay (relocate / place) + patch apply + patch SVD
+    prefill_tokens: int = 0
+    encodes: int = 0  # canonical KV(B|∅) encodes
+    vision_encodes: int = 0
+    patch_forms: int = 0
+    patch_applies: int = 0
+    relocations: int = 0
+    binding_risk: int = 0
+    bytes_held: int = 0
+
+    @property
+    def total_ms(self) -> float:
+        return self.prefill_ms + self.vision_ms + self.reuse_ms
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["total_ms"] = self.total_ms
+        return d
+
+
+_SUMMED = [f.name for f in fields(StepCost) if f.name != "bytes_held"]
+
+
+def _totals(costs: Sequence[StepCost]) -> dict:
+    out: dict[str, Any] = {k: sum(getattr(c, k) for c in costs) for k in _SUMMED}
+    out["total_ms"] = out["prefill_ms"] + out["vision_ms"] + out["reuse_ms"]
+    out["bytes_peak"] = max((c.bytes_held for c in costs), default=0)
+    return out
+
+
+# ====================================================================== strategies
+class Strategy:
+    """Base: ``reset(profile)`` before a run, then ``step(step, ctx)`` per step (ctx: resolved order)."""
+
+    name = "strategy"
+
+    def reset(self, profile: CostProfile) -> None:
+        self.p = profile
+        self._seen_visual: set[str] = set()
+
+    def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
+        raise NotImplementedError
+
+    def _vision(self, cost: StepCost, chunks: Sequence[ChunkRef], cache: bool) -> None:
+        for c in chunks:
+            if c.kind != "text" and (not cache or c.id not in self._seen_visual):
+                self._seen_visual.add(c.id)
+                cost.vision_encodes += 1
+                cost.vision_ms += self.p.vision_ms(c.tokens)
+
+
+class FullRecompute(Strategy):
+    """Re-prefill the whole context every step. ``vision_cache=False`` (default) re-runs the vision tower
+    on every visual chunk each step; True runs it once per distinct chunk."""
+
+    name = "recompute"
+
+    def __init__(self, vision_cache: bool = False):
+        self.vision_cache = vision_cache
+
+    def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
+        c = StepCost()
+        toks = sum(x.tokens for x in ctx)
+        self._vision(c, ctx, self.vision_cache)
+        c.prefill_tokens = toks + step.query_tokens
+        c.prefill_ms = self.p.prefill_ms(c.prefill_tokens)
+        c.bytes_held = toks * self.p.kv_bytes_per_token
+        return c
+
+
+class RadixCache(Strategy):
+    """Prefix cache: the longest leading run of chunk ids shared with any earlier context is free, the
+    rest is recomputed (and inserted). Unbounded: ``bytes_held`` is every token in the tree."""
+
+    name = "radix"
+
+    def __init__(self, vision_cache: bool = True):
+        self.vision_cache = vision_cache
+
+    def reset(self, profile: CostProfile) -> None:
+        super().reset(profile)
+        self.root: dict = {}
+        self.tree_tokens = 0
+
+    def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
+        c = StepCost()
+        node, hit = self.root, 0
+        for x in ctx:  # walk the shared prefix
+            nxt = node.get(x.id)
+            if nxt is None:
+                break
+            node, hit = nxt, hit + 1
+        miss = ctx[hit:]
+        for x in miss:  # insert the recomputed suffix
+            node = node.setdefault(x.id, {})
+            self.tree_tokens += x.tokens
+        self._vision(c, miss, self.vision_cache)
+        c.prefill_tokens = sum(x.tokens for x in miss) + step.query_tokens
+        c.prefill_ms = self.p.prefill_ms(c.prefill_tokens)
+        c.bytes_held = self.tree_tokens * self.p.kv_bytes_per_token
+        return c
+
+
+class BlindReuse(Strategy):
+    """Prefill a chunk in context the first time, keep that KV, and only relocate it afterwards.
+
+    A reused chunk costs a KV replay when it is not resident at the same position as in the previous step.
+    ``binding_risk`` counts reused chunks whose ordered antecedents differ from those of their first prefill
+    (their cross-chunk conditioning is stale). Holds the first KV of every chunk plus the live window."""
+
+    name = "blind"
+    recompute_fraction = 0.0
+
+    def __init__(self, vision_cache: bool = True):
+        self.vision_cache = vision_cache
+
+    def reset(self, profile: CostProfile) -> None:
+        super().reset(profile)
+        self.first_ante: dict[str, tuple] = {}
+        self.resident: dict[str, int] = {}
+        self.stored_tokens = 0
+
+    def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
+        c = StepCost()
+        ids = [x.id for x in ctx]
+        pos, new_resident, replay, recompute, fresh = 0, {}, 0, 0, []
+        for i, x in enumerate(ctx):
+            ante = tuple(ids[:i])
+            first = self.first_ante.get(x.id)
+            if first is None:
+                self.first_ante[x.id] = ante
+                self.stored_tokens += x.tokens
+                fresh.append(x)
+            else:
+                if self.resident.get(x.id) != pos:
+                    c.relocations += 1
+                    replay += x.tokens
+                if first != ante:
+                    c.binding_risk += 1
+                    recompute += math.ceil(self.recompute_fraction * x.tokens)
+            new_resident[x.id] = pos
+            pos += x.tokens
+        self.resident = new_resident
+        self._vision(c, fresh, self.vision_cache)
+        c.prefill_tokens = sum(x.tokens for x in fresh) + recompute + step.query_tokens
+        c.prefill_ms = self.p.prefill_ms(c.prefill_tokens)
+        c.reuse_ms = self.p.replay_ms(replay)
+        c.bytes_held = (self.stored_tokens + pos) * self.p.kv_bytes_per_token
+        return c
+
+
+class TokenBlend(BlindReuse):
+    """CacheBlend-style: blind reuse plus an in-context recompute of ``fraction`` of the tokens (rounded up)
+    of every reused chunk whose antecedents changed (an unchanged context needs no blending)."""
+
+    name = "blend"
+
+    def __init__(self, fraction: float = 0.15, vision_cache: bool = True):
+        super().__init__(vision_cache)
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        self.recompute_fraction = fraction
+
+
+class _MeteredStore(ChunkStore):
+    """A ChunkStore that also counts the tokens of canonicals and patches stored and patches served, so the
+    simulator can charge per-token patch costs exactly (Window.stats counts patches, not their tokens)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.canon_tokens: dict[str, int] = {}
+        self.patch_tokens: dict[tuple, int] = {}
+        self.canon_sum = self.patch_sum = 0
+        self.formed_tokens = self.applied_tokens = self.applied_count = 0
+
+    def put_canonical(self, key, kv, meta=None):
+        ok = super().put_canonical(key, kv, meta)
+        if ok:
+            self.canon_sum += kv.num_tokens - self.canon_tokens.get(key, 0)
+            self.canon_tokens[key] = kv.num_tokens
+        return ok
+
+    def put_patch(self, key, ctx, patch, meta=None):
+        ok = super().put_patch(key, ctx, patch, meta)
+        n = int(patch.num_tokens)
+        self.formed_tokens += n
+        if patch.meta.get("kind") != "fresh":  # orbit patches are applied at once; fresh ones keep the forward
+            self.applied_tokens += n
+            self.applied_count += 1
+        if ok:
+            self.patch_sum += n - self.patch_tokens.get((key, ctx), 0)
+            self.patch_tokens[(key, ctx)] = n
+        return ok
+
+    def get_patch(self, key, ctx, **kw):
+        p = super().get_patch(key, ctx, **kw)
+        if p is not None:  # the Window applies every patch it gets back (token counts are fixed per id)
+            self.applied_tokens += int(p.num_tokens)
+            self.applied_count += 1
+        return p
+
+
+class WindowkitStrategy(Strategy):
+    """A real ``windowkit.window.Window`` on the CostModelBackend, driven by ``win.assign(chunks)``.
+
+    Prefill and vision costs are booked by the backend's forwards; KV replay (every token the Window
+    relocates or places from stored KV: ``WindowStats.reused_tokens``), patch applies and patch SVDs are
+    charged from the step's stats deltas. ``binding_risk`` counts chunks kept as-is whose conditioning
+    was formed on other antecedents (``plan()``'s refresh-patch edits).
+    """
+
+    name = "windowkit"
+
+    def __init__(self, rank: int = 32, mode: str = "patch", store_budget_bytes: Optional[int] = None,
+                 vision_cache: bool = True, **window_kw: Any):
+        self.rank, self.mode, self.budget, self.vision_cache = rank, mode, store_budget_bytes, vision_cache
+        self.window_kw = window_kw
+
+    def reset(self, profile: CostProfile) -> None:
+        from windowkit.window import Window
+
+        super().reset(profile)
+        self.backend = CostModelBackend(profile, vision_cache=self.vision_cache)
+        self.store = _MeteredStore(budget_bytes=self.budget, model_fingerprint=self.backend.fingerprint(),
+                                   layout=self.backend.layout)
+        self.win = Window(self.backend, store=self.store, rank=self.rank, mode=self.mode, **self.window_kw)
+        self.chunks: dict[str, Chunk] = {}
+        self.queries: dict[int, Chunk] = {}
+        self.approximated_steps = 0  # steps where store-side apply counts disagreed with stats (see below)
+
+    def _chunk(self, x: ChunkRef) -> Chunk:
+        ch = self.chunks.get(x.id)
+        if ch is None:
+            ch = self.chunks[x.id] = CostModelBackend.chunk(x.id, x.tokens, x.kind)
+        return ch
+
+    def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
+        win, st, led, store = self.win, self.win.stats, self.backend.ledger, self.store
+        s0 = (st.encodes, st.patch_forms, st.patch_applies, st.relocations, st.reused_tokens)
+        l0 = led.copy()
+        a0, f0, ac0 = store.applied_tokens, store.formed_tokens, store.applied_count
+        win.assign([self._chunk(x) for x in ctx])
+        if step.query_tokens:
+            q = self.queries.get(step.query_tokens)
+            if q is None:
+                q = self.queries[step.query_tokens] = Chunk.text(torch.zeros(step.query_tokens, dtype=torch.long),
+                                                                 id="__query__")
+            win.forward(q)  # materializes the window (the Window relocates lazily) + the query prefill
+        else:
+            win.window_kv()
+        c = StepCost(encodes=st.encodes - s0[0], patch_forms=st.patch_forms - s0[1],
+                     patch_applies=st.patch_applies - s0[2], relocations=st.relocations - s0[3])
+        apply_tokens = store.applied_tokens - a0
+        if store.applied_count - ac0 != c.patch_applies:  # a Window path we do not meter: average size
+            self.approximated_steps += 1
+            apply_tokens = c.patch_applies * sum(x.tokens for x in ctx) // max(len(ctx), 1)
+        c.reuse_ms = self.backend.charge_reuse(st.reused_tokens - s0[4], apply_tokens, store.formed_tokens - f0)
+        c.prefill_ms = led.prefill_ms - l0.prefill_ms
+        c.vision_ms = led.vision_ms - l0.vision_ms
+        c.prefill_tokens = led.prefill_tokens - l0.prefill_tokens
+        c.vision_encodes = led.vision_encodes - l0.vision_encodes
+        if self.mode == "patch":
+            c.binding_risk = sum(1 for e in win.plan() if e.op == "refresh-patch")
+        p = self.p
+        c.bytes_held = ((store.canon_sum + win.num_tokens) * p.kv_bytes_per_token
+                        + store.patch_sum * p.patch_bytes_per_token)
+        return c
+
+
+STRATEGIES: dict[str, Callable[[], Strategy]] = {
+    "recompute": FullRecompute, "radix": RadixCache, "blind": BlindReuse, "blend": TokenBlend,
+    "windowkit": WindowkitStrategy,
+}
+DEFAULT_STRATEGIES = tuple(STRATEGIES)
+
+
+def make_strategies(spec: Optional[Sequence[Union[str, Strategy]]] = None) -> list[Strategy]:
+    out = []
+    for s in (spec or DEFAULT_STRATEGIES):
+        if isinstance(s, Strategy):
+            out.append(s)
+        elif s in STRATEGIES:
+            out.append(STRATEGIES[s]())
+        else:
+            raise ValueError(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"strategy names must be distinct, got {names}")
+    return out
+
+
+# ====================================================================== the run
+def resolve_orders(trace: Union[Trace, Sequence[Step]]) -> list[list[ChunkRef]]:
+    """The context order each step is replayed in. An unordered step whose set equals the previous step's
+    keeps the previous order (nothing moves); otherwise the step's own order is used."""
+    out: list[list[ChunkRef]] = []
+    prev: Optional[list[ChunkRef]] = None
+    for s in trace:
+        ctx = list(s.context)
+        if not s.ordered and prev is not None and len(prev) == len(ctx) and {x.id for x in prev} == set(s.ids):
+            by = {x.id: x for x in ctx}
+            ctx = [by[x.id] for x in prev]
+        out.append(ctx)
+        prev = ctx
+    return out
+
+
+@dataclass
+class SimResult:
+    """Per-step costs of every strategy. ``summary()`` gives totals and the headline ratios."""
+
+    trace_name: str
+    profile: str
+    strategies: list[str]
+    steps: dict[str, list[StepCost]]
+    wall_s: dict[str, float] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    def totals(self, name: str) -> dict:
+        return _totals(self.steps[name])
+
+    def per_step(self, name: str) -> list[dict]:
+        return [c.as_dict() for c in self.steps[name]]
+
+    def summary(self) -> dict:
+        tot = {n: self.totals(n) for n in self.strategies}
+        ratios = {}
+        if "windowkit" in tot:
+            for base in ("radix", "recompute", "blind", "blend"):
+                if base in tot and tot[base]["total_ms"] > 0:
+                    ratios[f"windowkit/{base}"] = tot["windowkit"]["total_ms"] / tot[base]["total_ms"]
+        n = len(next(iter(self.steps.values()), []))
+        return {"trace": self.trace_name, "profile": self.profile, "steps": n, "strategies": tot, "ratios": ratios,
+                "wall_s": dict(self.wall_s), **({"meta": self.meta} if self.meta else {})}
+
+    def table(self) -> str:
+        """Markdown table of the totals."""
+        cols = ["total_ms", "prefill_tokens", "encodes", "vision_encodes", "patch_forms", "patch_applies",
+                "relocations", "binding_risk", "bytes_peak"]
+        lines = ["| strategy | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for n in self.strategies:
+            t = self.totals(n)
+            cells = [f"{t['total_ms']:.1f}"] + [str(t[k]) for k in cols[1:-1]] + [f"{t['bytes_peak'] / 2**20:.1f} MiB"]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfile] = "h100-kamera",
+             strategies: Optional[Sequence[Union[str, Strategy]]] = None, *, progress: Optional[bool] = None,
+             max_steps: Optional[int] = None) -> SimResult:
+    """Replay ``trace`` through each strategy (all of them by default) under ``profile``.
+
+    progress: a tqdm bar (None: only for traces of 500+ steps). max_steps: replay only the first steps.
+
+        res = simulate(read_trace("run.jsonl"), "cpu-tiny", strategies=["radix", "windowkit"])
+        res.summary()["strategies"]["windowkit"]["total_ms"]
+    """
+    prof = load_profile(profile)
+    strats = make_strategies(strategies)
+    steps = list(trace)[:max_steps] if max_steps is not None else list(trace)
+    orders = resolve_orders(steps)
+    for s in strats:
+        s.reset(prof)
+    costs: dict[str, list[StepCost]] = {s.name: [] for s in strats}
+    wall = {s.name: 0.0 for s in strats}
+    show = len(steps) >= 500 if progress is None else progress
+    it = zip(steps, orders)
+    bar = None
+    if show:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(steps), desc=f"simulate {getattr(trace, 'name', '')}".strip(), unit="step")
+        except ImportError:  # tqdm is a dependency, but a bar is never worth failing a run for
+            bar = None
+    for step, ctx in it:
+        for s in strats:
+            t0 = time.perf_counter()
+            costs[s.name].append(s.step(step, ctx))
+            wall[s.name] += time.perf_counter() - t0
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    meta = {}
+    for s in strats:
+        if isinstance(s, WindowkitStrategy) and s.approximated_steps:
+            meta["windowkit_approximated_steps"] = s.approximated_steps
+    return SimResult(getattr(trace, "name", "") or "trace", prof.name, [s.name for s in strats], costs, wall, meta)
+
+
+# ====================================================================== CLI hooks (wired by windowkit/cli.py)
+def load_trace_arg(spec: str) -> Trace:
+    """A trace from a CLI argument: a JSONL path, ``videotree[:N]`` (first N questions) or a generator name
+    (``sliding-3``, ``grow-interleave``, ``append-zoom``, ``random-lookback``)."""
+    from windowkit.trace.generators import GENERATORS
+    from windowkit.trace.io import read_trace
+    from windowkit.trace.videotree import load_videotree
+
+    if spec.startswith("videotree"):
+        n = spec.partition(":")[2]
+        return load_videotree(max_questions=int(n) if n else None)
+    if spec in GENERATORS:
+        return GENERATORS[spec]()
+    return read_trace(spec)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``windowkit simulate``."""
+    parser.add_argument("trace", help="JSONL trace path, videotree[:N], or a generator: sliding-3, grow-interleave, "
+                                      "append-zoom, random-lookback")
+    parser.add_argument("--profile", default="h100-kamera", help="cost profile name or JSON path (default h100-kamera)")
+    parser.add_argument("--strategy", action="append", choices=list(STRATEGIES),
+                        help="strategy to run (repeatable; default all)")
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--json", default=None, help="write the summary JSON here")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``windowkit simulate``: print the totals table and ratios; optionally write the summary JSON."""
+    trace = load_trace_arg(args.trace)
+    res = simulate(trace, args.profile, args.strategy, max_steps=args.max_steps,
+                   progress=False if args.no_progress else None)
+    s = res.summary()
+    print(f"{s['trace']}: {s['steps']} steps, profile {s['profile']}")
+    print(res.table())
+    for k, v in s["ratios"].items():
+        print(f"{k}: {v:.3f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+__all__ = ["StepCost", "Strategy", "FullRecompute", "RadixCache", "BlindReuse", "TokenBlend", "WindowkitStrategy",
+           "STRATEGIES", "make_strategies", "resolve_orders", "SimResult", "simulate", "load_trace_arg",
+           "add_arguments", "run_cli"]
