@@ -18,6 +18,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
+	$(VPY) examples/long_video_qa.py
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests

@@ -125,8 +125,9 @@ def test_byte_accounting() -> None:
     assert store.cold_stats() == {"entries": 1, "bytes": expect, "exact_bytes": exact, "bytes_saved": saved}
     meta = store.meta("k")["cold"]
     assert meta["bytes"] == expect and meta["exact_bytes"] == exact and meta["slots_cold"] == 4
-    store.put_canonical("k", kv)  # a new put replaces it exactly
+    store.put_canonical("k", kv, store.meta("k"))  # a new put replaces it exactly (the cold marks are dropped)
     assert not store.is_cold("k") and store.nbytes == exact and "approx" not in store.meta("k")
+    assert store.compress("k") == saved  # and it can go cold again
     assert kv_equal(store.get_canonical("k"), kv) and store.cold_stats()["entries"] == 0
 
 

@@ -358,3 +358,24 @@ def test_vision_tower_runs_once_per_image_chunk():
     win.reorder(["img0", "img2", "img1"])
     assert torch.isfinite(win.forward(torch.tensor([11, 12]))).all()
     assert win.stats.vision_calls == 3
+
+
+def test_lazy_forming_skips_canonical_encodes(llama):
+    """form="lazy": a sliding window with a recall does one forward per admitted or recalled chunk and
+    no canonical encode beyond the first chunk's (its prefill at position 0 is its canonical)."""
+    cs = [text(llama, 12, 1200 + i, f"z{i}") for i in range(5)]
+    outs, stats = {}, {}
+    for form in ("eager", "lazy"):
+        win = wk.Window(llama, mode="patch", rank=8, form=form)
+        for c in cs[:3]:
+            win.admit(c)
+        for c in cs[3:]:
+            win.evict("head")
+            win.admit(c)
+        win.recall("z1", at=1)
+        outs[form], stats[form] = win.forward(QUERY), win.stats
+    assert stats["lazy"].encodes == 1  # only z0 at the head: its prefill at 0 is its canonical
+    assert stats["eager"].encodes > stats["lazy"].encodes
+    assert stats["lazy"].patch_forms == 0
+    assert stats["lazy"].forwards == 6 < stats["eager"].forwards  # 5 admits + 1 recall
+    assert torch.isfinite(outs["lazy"]).all()

@@ -242,6 +242,8 @@ class ChunkStore:
         if not isinstance(kv, ChunkKV):
             raise KVShapeError(f"put_canonical takes a ChunkKV, got {type(kv).__name__}")
         self._check_layout(kv.layout, "canonical")
+        if isinstance(meta, dict) and _is_cold_meta(meta):  # e.g. meta(key) of a cold entry: the put is exact
+            meta = {k: v for k, v in meta.items() if k not in ("approx", "cold")}
         return self._put(_eid(key, None), kv.to_tensors(), None, meta)
 
     def put_patch(self, key: str, ctx: str, patch: Patch, meta: Optional[dict] = None) -> bool:
@@ -376,12 +378,12 @@ class ChunkStore:
     def is_cold(self, key: str) -> bool:
         """Whether the canonical of ``key`` is stored cold (approximate); False if absent."""
         e = self._entries.get(_eid(key, None))
-        return e is not None and "cold" in e.meta
+        return e is not None and _is_cold_meta(e.meta)
 
     def cold_stats(self) -> dict:
         """Live cold entries: count, their bytes, the exact bytes they stand for and the bytes saved."""
         with self._lock:
-            cold = [e for (kind, _, _), e in self._entries.items() if kind == CANONICAL and "cold" in e.meta]
+            cold = [e for (kind, _, _), e in self._entries.items() if kind == CANONICAL and _is_cold_meta(e.meta)]
             exact = sum(int(e.meta["cold"]["exact_bytes"]) for e in cold)
             held = sum(e.nbytes for e in cold)
             return {"entries": len(cold), "bytes": held, "exact_bytes": exact, "bytes_saved": exact - held}
@@ -389,7 +391,7 @@ class ChunkStore:
     def _compress(self, eid: EntryId, cfg: ColdTierConfig) -> int:
         """Replace an exact canonical by its cold form (same entry id). 0 if already cold or incompressible."""
         e = self._entries[eid]
-        if eid[0] != CANONICAL or "cold" in e.meta or self._layout is None:
+        if eid[0] != CANONICAL or _is_cold_meta(e.meta) or self._layout is None:
             return 0
         payload = self._mem.get(eid)
         if payload is None:
@@ -580,6 +582,12 @@ def _eid(key: str, ctx: Optional[str]) -> EntryId:
     if not isinstance(key, str) or not key:
         raise ChunkNotFoundError(f"chunk keys are non-empty strings, got {key!r}")
     return (CANONICAL, key, "") if ctx is None else (PATCH, key, ctx)
+
+
+def _is_cold_meta(meta: dict) -> bool:
+    """The store's own mark of a cold canonical: ``meta["cold"]`` as written by ``compress``."""
+    c = meta.get("cold")
+    return isinstance(c, dict) and "exact_bytes" in c and "approx" in meta
 
 
 def _check_ctx(ctx: str) -> None:

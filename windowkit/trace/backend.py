@@ -42,6 +42,9 @@ class CostLedger:
     prefill_tokens: int = 0
     vision_encodes: int = 0  # vision-tower runs (one per distinct visual chunk)
     forwards: int = 0
+    # part of prefill_ms: canonical encodes of chunks already prefilled in context (the Window encodes them
+    # eagerly; a lazy or background encoder would take this off the critical path)
+    encode_extra_ms: float = 0.0
 
     @property
     def total_ms(self) -> float:
@@ -87,6 +90,7 @@ class CostModelBackend:
         self.ledger = CostLedger()
         self.vision_cache = vision_cache
         self._seen_visual: set[str] = set()
+        self._forwarded: set[str] = set()
 
     # ------------------------------------------------------------------ chunks from trace ids
     @staticmethod
@@ -119,6 +123,10 @@ class CostModelBackend:
                     self.ledger.vision_encodes += 1
                     self.stats.vision_calls += 1
         self.ledger.prefill_ms += self.profile.prefill_ms(n)
+        if len(chunks) == 1 and int(start) == 0 and past is None and chunks[0].id in self._forwarded \
+                and not chunks[0].id.startswith("__"):
+            self.ledger.encode_extra_ms += self.profile.prefill_ms(n)
+        self._forwarded.update(c.id for c in chunks)
         self.ledger.prefill_tokens += n
         self.ledger.forwards += 1
         self.stats.forwards += 1

@@ -102,12 +102,15 @@ class Window:
     removal_patches: re-condition survivors after an eviction with a removal patch (deepstack models)
     cascade:  "plan" (default: a recall computes and costs the cascade of dependents whose patch was formed
               on the recalled chunk, in ``last_cascade`` and ``plan()``) or "apply" (also re-conditions them)
+    form:     "eager" (default: every conditioned forward also encodes the canonical once and stores a patch
+              for that context, so the context recurring later costs zero forwards) or "lazy" (keep the
+              conditioned KV only; the canonical is encoded on first need: reorder, blind view, clean fork)
     """
 
     def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
                  prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *, patch_layers=None,
                  svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
-                 orbit_samples: int = 24, cascade: str = "plan"):
+                 orbit_samples: int = 24, cascade: str = "plan", form: str = "eager"):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -125,6 +128,9 @@ class Window:
         if cascade not in ("plan", "apply"):
             raise WindowkitError(f"cascade must be 'plan' or 'apply', got {cascade!r}")
         self.cascade = cascade
+        if form not in ("eager", "lazy"):
+            raise WindowkitError(f"form must be 'eager' or 'lazy', got {form!r}")
+        self.form = form
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
         self.graph = DependencyGraph(cost_model=self.cost_model)
         self.last_cascade: Optional[Cascade] = None
@@ -539,6 +545,10 @@ class Window:
                 self.stats.encodes += 1
                 self.store.put_canonical(e.key, e.kv, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
             e.kv_start = 0
+        elif self.form == "lazy":
+            # keep the conditioned prefill only: no canonical encode, no patch until something needs them
+            res = self._run([e.chunk], start, self._kv_upto(idx))
+            e.kv, e.kv_start = res.kv, start
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
@@ -597,6 +607,8 @@ class Window:
                 continue
             ctx = self._ctx(ante)
             if not ante and self.prefix is None:
+                if self.form == "lazy" and not self.store.has_canonical(e.key):
+                    continue  # lazy: no encode just for this; keep-as-is
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
             else:
                 patch = self._get_patch(e.key, ctx)

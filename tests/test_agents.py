@@ -1,0 +1,162 @@
+"""The long-video QA agent (agents/): end to end on a tiny Qwen-VL, op counts, recall without re-encode,
+bad video inputs. Light: one tiny model, a 16-frame 48x48 synthetic video, 9 steps."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+cv2 = pytest.importorskip("cv2")
+
+from agents.long_video import STAT_FIELDS, LongVideoAgent, Step, format_summary, make_plan  # noqa: E402
+from agents.video_io import VideoError, read_frames, write_synthetic_video  # noqa: E402
+from windowkit.errors import ChunkError, WindowkitError  # noqa: E402
+
+QUESTION = [11, 23, 47, 88, 120, 59]
+PROMPT = [31, 77]
+
+
+@pytest.fixture(scope="module")
+def model():
+    from windowkit.backends.tiny import build
+
+    torch.set_num_threads(1)
+    return build("tiny-qwen2.5-vl")
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory):
+    return write_synthetic_video(str(tmp_path_factory.mktemp("video") / "shapes.avi"), n_frames=16, fps=8,
+                                 size=(48, 48))
+
+
+@pytest.fixture(scope="module")
+def run(model, video):
+    agent = LongVideoAgent(model, window=3, frame_size=(56, 56))
+    frames = agent.load_video(video, fps=8.0)
+    plan = make_plan(len(frames), window=3, steps=9, lookback_at=[8], lookback=(6, 4))  # step 8: frames 2-4, 8
+    report = agent.run(frames, plan, QUESTION, PROMPT)
+    return agent, frames, plan, report
+
+
+def test_video_io_roundtrip(video):
+    frames = read_frames(video)
+    assert len(frames) == 16 and frames[0].rgb.shape == (48, 48, 3) and frames[0].rgb.dtype.name == "uint8"
+    assert [f.index for f in read_frames(video, fps=4.0)] == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert len(read_frames(video, max_frames=5, size=(32, 24))) == 5
+    assert read_frames(video, size=(32, 24))[0].rgb.shape == (24, 32, 3)
+    assert not (frames[0].rgb == frames[1].rgb).all()  # the shapes move
+
+
+def test_plan():
+    plan = make_plan(24, window=6, steps=20, lookback_at=[12])
+    assert plan[5].frames == [0, 1, 2, 3, 4, 5] and plan[6].frames == [1, 2, 3, 4, 5, 6]
+    assert plan[12].kind == "look-back" and plan[12].frames == [2, 3, 4, 10, 11, 12]
+    with pytest.raises(WindowkitError):
+        make_plan(24, window=6, steps=20, lookback_at=[5])  # frames 5-10 .. do not exist
+    with pytest.raises(WindowkitError):
+        make_plan(8, window=3, steps=9)
+    with pytest.raises(WindowkitError):
+        make_plan(8, window=0)
+
+
+def test_agent_end_to_end(run):
+    agent, frames, plan, report = run
+    assert len(frames) == 16 and all(c.kind == "image" for c in frames)
+    grid = frames[0].image_grid_thw[0].tolist()
+    assert grid == [1, 4, 4] and len(frames[0]) == 4 + 2  # 56x56 -> 4x4 patches -> 4 merged tokens
+    assert len(report.steps) == 9
+    for row, step in zip(report.steps, plan):
+        assert row.frames == step.frames
+        assert len(row.answer) == 4 and len(row.exact_answer) == 4
+        assert math.isfinite(row.kl) and row.kl >= 0
+    assert report.steps[0].kl < 1e-8  # one frame + question: patch mode holds the exact prefill
+    assert agent.win.ids == [f"frame-{i}" for i in plan[-1].frames] + ["question"]
+    assert agent.ref.ids == agent.win.ids
+    s = report.summary()
+    assert s["windowkit_prefill_tokens"] < s["exact_prefill_tokens"]
+    assert "next-token KL" in format_summary(report)
+
+
+def test_reported_counts_match_window_stats(run):
+    agent, frames, plan, report = run
+    totals = report.totals()
+    stats = agent.win.stats.as_dict()
+    for k in STAT_FIELDS:
+        if k == "est_ms_saved":
+            assert totals[k] == pytest.approx(stats[k], rel=1e-9, abs=1e-6)
+        else:
+            assert totals[k] == stats[k], k
+    assert totals["vision_calls"] == agent.backend.stats.vision_calls == report.vision_calls
+    if "vision_calls" in stats:  # the Window counts the vision runs it causes, too
+        assert stats["vision_calls"] == totals["vision_calls"]
+    # each distinct frame goes through the vision tower once: admits call it, recalls never do
+    seen = {i for step in plan for i in step.frames}
+    assert agent.backend.stats.vision_calls == len(seen)
+    for row in report.steps:
+        new_frames = row.ops.get("admit", 0) - (1 if row.index == 0 else 0)  # step 0 also admits the question
+        assert row.delta["vision_calls"] == new_frames, row
+    back = [r for r in report.steps if r.kind == "look-back"]
+    assert back and back[0].ops.get("recall") == 3 and back[0].delta["relocations"] >= 1
+
+
+def test_recall_after_eviction_reencodes_nothing(run):
+    agent, frames, plan, report = run
+    back = [5, 6, 7]  # in the window at step 7, evicted by the look-back at step 8
+    assert all(f"frame-{i}" in agent.win.evicted_ids for i in back)
+    question = agent.win.chunk("question")
+    vc, enc = agent.backend.stats.vision_calls, agent.win.stats.encodes
+    row = agent.step(Step(99, "look-back", back), [frames[i] for i in back], question, torch.tensor(PROMPT))
+    assert row.ops.get("recall") == 3 and "admit" not in row.ops
+    assert row.delta["vision_calls"] == 0 and agent.backend.stats.vision_calls == vc
+    assert row.delta["encodes"] == 0 and agent.win.stats.encodes == enc  # canonicals come from the store
+    assert row.delta["patch_forms"] + row.delta["patch_reuses"] >= 2  # recalled behind a context: fresh patch
+    assert math.isfinite(row.kl)
+
+
+def test_bad_inputs_raise(model, tmp_path):
+    agent = LongVideoAgent(model, window=2, frame_size=(56, 56), reference=False)
+    before = agent.win.stats.as_dict()
+    with pytest.raises(VideoError, match="not found"):
+        agent.load_video(str(tmp_path / "missing.avi"))
+    junk = tmp_path / "junk.avi"
+    junk.write_bytes(b"this is not a video" * 20)
+    with pytest.raises(VideoError):
+        agent.load_video(str(junk))
+    empty = str(tmp_path / "empty.avi")
+    w = cv2.VideoWriter(empty, cv2.VideoWriter_fourcc(*"MJPG"), 8.0, (32, 32))
+    w.release()
+    with pytest.raises(VideoError):
+        agent.load_video(empty)
+    with pytest.raises(VideoError):
+        agent.load_video(str(tmp_path))  # a folder
+    assert issubclass(VideoError, ChunkError) and issubclass(VideoError, WindowkitError)
+    assert len(agent.win) == 0 and agent.win.stats.as_dict() == before  # nothing admitted
+    with pytest.raises(WindowkitError):
+        agent.run([], [], QUESTION, PROMPT)
+    # a failed write leaves no file (and no temporary) behind
+    out = tmp_path / "out"
+    with pytest.raises(VideoError):
+        write_synthetic_video(str(out / "v.avi"), n_frames=0)
+    assert not out.exists() or os.listdir(out) == []
+
+
+def test_text_model_is_refused():
+    from windowkit.backends.tiny import build
+    from windowkit.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError):
+        LongVideoAgent(build("tiny-qwen2"), window=2)
+
+
+def test_prefix_cache_baseline_counts_from_first_change():
+    from agents.long_video import _common_prefix_tokens
+    from windowkit.chunk import Chunk
+
+    a, b, c, q = (Chunk.text(torch.arange(10, 10 + n), id=i) for n, i in ((3, "a"), (4, "b"), (5, "c"), (2, "q")))
+    assert _common_prefix_tokens([], [a, q]) == 5  # first step: everything
+    assert _common_prefix_tokens([a, q], [a, b, q]) == 6  # append before the question: b + q
+    assert _common_prefix_tokens([a, b, q], [b, c, q]) == 11  # slide: the head changed, all of it
+    assert _common_prefix_tokens([a, b, q], [a, b, q]) == 0

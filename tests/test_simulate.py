@@ -1,0 +1,155 @@
+"""Simulator accounting on hand-made traces, with every expected cost computed by hand below."""
+from __future__ import annotations
+
+import pytest
+
+from windowkit.trace import ChunkRef, CostModelBackend, CostProfile, Step, Trace, simulate
+from windowkit.trace.generators import grow_interleave, random_lookback, sliding_window
+from windowkit.trace.simulate import resolve_orders
+
+# simple numbers: 1 ms per prefill token, 2 ms per visual token, replay 0.5, patch apply 0.25, SVD 0.125
+P = CostProfile(name="unit", source="hand-made for tests", vision_encode_ms_per_token=2.0, prefill_ms_per_token=1.0,
+                kv_replay_ms_per_token=0.5, patch_apply_ms_per_token=0.25, patch_form_ms_per_token=0.125,
+                kv_bytes_per_token=100, patch_bytes_per_token=10)
+A = ChunkRef(id="A", tokens=4, kind="image")
+B = ChunkRef(id="B", tokens=2, kind="text")
+C = ChunkRef(id="C", tokens=4, kind="image")
+# s0 [A B] q1 -> s1 [B C] q1 (A evicted at the head, C admitted) -> s2 [A B C] q0 (A recalled at the head)
+T = Trace([Step(step=0, context=[A, B], query_tokens=1), Step(step=1, context=[B, C], query_tokens=1),
+           Step(step=2, context=[A, B, C], query_tokens=0)], name="hand")
+
+
+@pytest.fixture(scope="module")
+def res():
+    return simulate(T, P, progress=False)
+
+
+def _ms(res, name):
+    return [round(c.total_ms, 6) for c in res.steps[name]]
+
+
+def test_full_recompute(res):
+    # s0: vision A 4*2=8 + prefill (6+1)*1=7 -> 15; s1: vision C 8 + prefill 7 -> 15; s2: vision A,C 16 + prefill 10 -> 26
+    assert _ms(res, "recompute") == [15, 15, 26]
+    t = res.totals("recompute")
+    assert t["prefill_tokens"] == 24 and t["vision_encodes"] == 4 and t["bytes_peak"] == 10 * 100
+
+
+def test_radix(res):
+    # s0: miss [A B]: vision 8 + prefill 7 -> 15, tree 6 tokens
+    # s1: no context starts with B: miss [B C]: vision C 8 + prefill 7 -> 15, tree 12
+    # s2: hit A,B (the s0 path); miss C: prefill 4 (C's vision is cached) -> 4, tree 16
+    assert _ms(res, "radix") == [15, 15, 4]
+    t = res.totals("radix")
+    assert t["prefill_tokens"] == 18 and t["vision_encodes"] == 2 and t["bytes_peak"] == 1600
+    assert t["relocations"] == 0
+
+
+def test_blind(res):
+    # s0: A, B new (first antecedents () and (A,)): vision 8 + prefill 7 -> 15; stored 6 + live 6 tokens
+    # s1: B moved 4 -> 0: replay 2*0.5=1, antecedents () != (A,): risk 1; C new: prefill 4+1, vision 8 -> 14
+    # s2: A back (not resident): replay 4 -> 2; B moves 0 -> 4: 1; C moves 2 -> 6: 2, antecedents (A,B) != (B,): risk
+    assert _ms(res, "blind") == [15, 14, 5]
+    t = res.totals("blind")
+    assert (t["relocations"], t["binding_risk"], t["prefill_tokens"]) == (4, 2, 12)
+    assert t["bytes_peak"] == (10 + 10) * 100
+
+
+def test_blend(res):
+    # blind + ceil(15% of the tokens) of each at-risk reused chunk: s1 B ceil(0.3)=1 token, s2 C ceil(0.6)=1 token
+    assert _ms(res, "blend") == [15, 15, 6]
+    assert res.totals("blend")["prefill_tokens"] == 14
+
+
+def test_windowkit(res):
+    # s0: admit A at the head: its prefill is its canonical (4 tokens, encode 1, vision 8);
+    #     admit B behind A: conditioned forward (2) + canonical encode (2) + patch form (SVD 2*0.125);
+    #     query 1 token -> prefill 9 + vision 8 + 0.25 = 17.25
+    # s1: evict A; B now leads: its canonical is placed at 0 (replay 2 tokens = 1 ms, no relocation);
+    #     admit C behind B: conditioned 4 + canonical 4 + SVD 4*0.125=0.5; vision C 8; query 1 -> 9+8+1+0.5 = 18.5
+    # s2: recall A at the head (canonical from the store: free); B behind A finds the patch formed on (A,) at s0:
+    #     placed at 4 with the patch (replay 2 -> 1 ms, apply 2*0.25 -> 0.5 ms); C keeps its KV (formed on (B,),
+    #     binding risk 1) and relocates 2 -> 6 (replay 4 -> 2 ms) -> 3.5
+    assert _ms(res, "windowkit") == [17.25, 18.5, 3.5]
+    t = res.totals("windowkit")
+    assert (t["encodes"], t["patch_forms"], t["patch_applies"], t["relocations"]) == (3, 2, 1, 2)
+    assert (t["prefill_tokens"], t["vision_encodes"], t["binding_risk"]) == (18, 2, 1)
+    # canonicals 10 + live window 10 tokens of KV, patches of B (2) and C (4) tokens
+    assert t["bytes_peak"] == 20 * 100 + 6 * 10
+    # canonical encodes of chunks already prefilled in context: B at s0 (2 tokens), C at s1 (4 tokens)
+    assert [c.encode_ms for c in res.steps["windowkit"]] == [2, 4, 0]
+    s = res.summary()
+    assert s["ratios"]["windowkit/radix"] == pytest.approx(39.25 / 34)
+    assert s["ratios"]["windowkit/recompute"] == pytest.approx(39.25 / 56)
+    assert s["ratios"]["windowkit_bg_encode/radix"] == pytest.approx((39.25 - 6) / 34)
+
+
+def test_windowkit_encodes_each_distinct_chunk_once():
+    """With an unbounded store every distinct chunk is encoded exactly once, and seen by vision once."""
+    for trace in (sliding_window(steps=25, k=3, seed=1), random_lookback(steps=25, p=0.5, seed=2),
+                  grow_interleave(episodes=3, seed=3)):
+        res = simulate(trace, P, strategies=["windowkit"], progress=False)
+        t = res.totals("windowkit")
+        chunks = trace.distinct_chunks()
+        assert t["encodes"] == len(chunks), trace.name
+        assert t["vision_encodes"] == sum(1 for c in chunks.values() if c.kind != "text")
+        assert "windowkit_approximated_steps" not in res.meta  # patch tokens were metered exactly
+
+
+def test_unordered_step_keeps_the_window_order():
+    s0 = Step(step=0, context=[A, B, C])
+    s1 = Step(step=1, context=[C, A, B], ordered=False)  # same set, any order: nothing should move
+    s2 = Step(step=2, context=[C, A], ordered=False)  # a different set: its own order
+    orders = resolve_orders([s0, s1, s2])
+    assert [x.id for x in orders[1]] == ["A", "B", "C"] and [x.id for x in orders[2]] == ["C", "A"]
+    res = simulate(Trace([s0, s1]), P, progress=False)
+    assert res.steps["recompute"][1].prefill_tokens == 10
+    for name in ("radix", "blind", "blend", "windowkit"):
+        assert res.steps[name][1].total_ms == 0, name  # same set in the same order: all reused in place
+
+
+def test_strategy_selection_and_table():
+    res = simulate(T, "h100-kamera", strategies=["radix", "windowkit"], progress=False)
+    assert res.strategies == ["radix", "windowkit"]
+    assert "windowkit/radix" in res.summary()["ratios"] and "| windowkit |" in res.table()
+    with pytest.raises(ValueError):
+        simulate(T, P, strategies=["nope"])
+
+
+def test_cost_model_backend_runs_a_window():
+    from windowkit.window import Window
+
+    be = CostModelBackend(P)
+    win = Window(be, mode="patch")
+    a, b = be.chunk("a", 3, "video"), be.chunk("b", 5)
+    win.admit(a)
+    win.admit(b)
+    win.evict("head")
+    win.recall("a", at=0)
+    assert win.ids == ["a", "b"] and win.window_kv().num_tokens == 8
+    assert be.ledger.vision_encodes == 1  # the video chunk ran the vision tower once
+    assert be.ledger.prefill_ms == pytest.approx(be.ledger.prefill_tokens * 1.0)
+    assert be.chunk("a", 3).content_hash() != be.chunk("b", 3).content_hash()
+
+
+def test_radix_tree_matches_any_earlier_prefix():
+    from windowkit.trace.simulate import RadixCache
+
+    r = RadixCache()
+    r.reset(P)
+    seqs = [list("abc"), list("abd"), list("ab"), list("ax"), list("abdy"), list("q"), list("abc")]
+    hits = [r._match_insert(s) for s in seqs]
+    assert hits == [0, 2, 2, 1, 3, 0, 3]
+
+
+def test_cli_entry_point(tmp_path, capsys):
+    from windowkit.trace.io import write_trace
+    from windowkit.trace.simulate import main
+
+    path = write_trace(T, tmp_path / "t.jsonl")
+    out = tmp_path / "s.json"
+    assert main([str(path), "--strategy", "radix", "--strategy", "windowkit", "--json", str(out)]) == 0
+    assert "windowkit/radix" in capsys.readouterr().out
+    import json
+
+    assert json.loads(out.read_text())["steps"] == 3
