@@ -127,8 +127,8 @@ def test_byte_accounting() -> None:
     assert meta["bytes"] == expect and meta["exact_bytes"] == exact and meta["slots_cold"] == 4
     store.put_canonical("k", kv, store.meta("k"))  # a new put replaces it exactly (the cold marks are dropped)
     assert not store.is_cold("k") and store.nbytes == exact and "approx" not in store.meta("k")
-    assert store.compress("k") == saved  # and it can go cold again
     assert kv_equal(store.get_canonical("k"), kv) and store.cold_stats()["entries"] == 0
+    assert store.compress("k") == saved and store.stats.cold_compressed == 2  # and it can go cold again
 
 
 def test_below_break_even_stays_exact() -> None:

@@ -94,6 +94,9 @@ class SharedPatchBasis:
         self._buf = {key: torch.zeros(self._cap[key], widths[key[1]], dtype=dtype, device=self.device)
                      for key in self._keys}
         self._sig = {key: torch.zeros(0) for key in self._keys}  # fp32 singular values [k]
+        # fp32 master B [F, k] the updates run on (a rounded bf16 basis would leak rounding noise in
+        # as new directions and inflate k); the serving buffer is its rounding to ``dtype``
+        self._master = {key: torch.zeros(widths[key[1]], 0, device=self.device) for key in self._keys}
         self._pending: dict[Key, list[torch.Tensor]] = {key: [] for key in self._keys}
         self._pending_rows = 0
         # version v -> {key: T [k_{v-1}, k_v]} with B_vᵀ-coordinates = B_{v-1}ᵀ-coordinates @ T
@@ -136,6 +139,10 @@ class SharedPatchBasis:
             rows = buf.shape[0] if allocated else self.k(*key)
             n += rows * buf.shape[1] * buf.element_size() + self._sig[key].numel() * 4
         return n
+
+    def state_bytes(self) -> int:
+        """Bytes of the fp32 master basis the updates run on (learning state, not served)."""
+        return sum(t.numel() * t.element_size() for t in self._master.values())
 
     def history_bytes(self) -> int:
         """Bytes of the kept step transforms (what ``rotate`` of an old patch needs)."""
@@ -208,13 +215,14 @@ class SharedPatchBasis:
                 isvd = IncrementalSVD(cap, tol=self.tol, store_dtype=torch.float32, device=self.device)
             else:  # the sketch diag(S)·Bᵀ: same Gram matrix as every row folded so far
                 isvd = IncrementalSVD.from_factors(torch.eye(k, device=self.device), self._sig[key],
-                                                   old[key].T.contiguous(), rank=cap, tol=self.tol,
+                                                   self._master[key], rank=cap, tol=self.tol,
                                                    store_dtype=torch.float32, device=self.device)
             isvd.update(x)
             knew = isvd.k
             buf = self._buf[key]
             buf.zero_()
-            buf[:knew] = isvd.B.T.to(buf.dtype)
+            self._master[key] = isvd.B.float().contiguous()
+            buf[:knew] = self._master[key].T.to(buf.dtype)
             self._sig[key] = isvd.S.float().clone()
             # coordinates on the stored (rounded) bases: C_new = C_old @ (B_old^T B_new)
             step[key] = old[key] @ buf[:knew].float().T  # [k_old, k_new]
