@@ -379,3 +379,20 @@ def test_lazy_forming_skips_canonical_encodes(llama):
     assert stats["lazy"].patch_forms == 0
     assert stats["lazy"].forwards == 6 < stats["eager"].forwards  # 5 admits + 1 recall
     assert torch.isfinite(outs["lazy"]).all()
+
+
+def test_window_with_shared_basis_reuses_rotated_coefficients(llama):
+    """basis=SharedPatchBasis: fresh patches are stored as coefficients on a shared basis that keeps moving;
+    a recurring context re-attaches them (rotated to the current basis) and, at full rank, is exact."""
+    from windowkit.kv.basis import SharedPatchBasis
+
+    basis = SharedPatchBasis(llama.layout, rank=64)
+    cs = [text(llama, 10, 1300 + i, f"sb{i}") for i in range(4)]
+    win = wk.Window(llama, mode="patch", rank=64, basis=basis)
+    for c in cs:
+        win.admit(c)  # the basis moves with every formed patch
+    win2 = wk.Window(llama, store=win.store, mode="patch", rank=64, basis=basis)
+    for c in cs:
+        win2.admit(c)
+    assert win2.stats.patch_reuses == 3 and win2.stats.forwards == 0
+    assert kl_divergence(reference_logits(llama, cs, QUERY), win2.forward(QUERY)) <= 1e-6

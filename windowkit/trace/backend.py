@@ -132,8 +132,8 @@ class CostModelBackend:
         self.stats.forwards += 1
         self.stats.forward_tokens += n
         z = torch.zeros(1, n, 2)
-        pos = torch.arange(int(start), int(start) + n, dtype=torch.long)[None]
-        return ForwardResult(ChunkKV([(z, z)], LAYOUT, pos), torch.zeros(VOCAB), counts, counts)
+        # positions=None: relocation then uses the plain δ·inv_freq angle (fewer torch ops; the fake KV is zeros)
+        return ForwardResult(ChunkKV([(z, z)], LAYOUT, None), torch.zeros(VOCAB), counts, counts)
 
     def encode(self, chunk: Chunk) -> ChunkKV:
         return self.forward([chunk], 0).kv

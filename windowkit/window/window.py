@@ -28,7 +28,7 @@ import torch
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, WindowkitError
 from windowkit.kv.layout import ChunkKV, concat
-from windowkit.kv.patch import Patch, form_orbit_patch, form_patch, form_removal_patch, orderings, place
+from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
 from windowkit.store import ChunkStore, chunk_key, context_hash, orbit_context_hash
 
@@ -110,7 +110,7 @@ class Window:
     def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
                  prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *, patch_layers=None,
                  svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
-                 orbit_samples: int = 24, cascade: str = "plan", form: str = "eager"):
+                 orbit_samples: int = 24, cascade: str = "plan", form: str = "eager", basis=None):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -120,6 +120,11 @@ class Window:
                                                                 layout=backend.layout)
         self.rank = rank
         self.mode: Mode = mode
+        # opt-in shared patch basis (windowkit.kv.basis.SharedPatchBasis): fresh patches are stored as
+        # coefficients on it; None (default) keeps the per-item SVD patch
+        if basis is not None and basis.layout != backend.layout:
+            raise WindowkitError("basis layout differs from the backend's KV layout")
+        self.basis = basis
         self.patch_layers = patch_layers
         self.svd = svd
         self.removal_patches = removal_patches
@@ -494,10 +499,19 @@ class Window:
 
     def _get_patch(self, key: str, ctx: str) -> Optional[Patch]:
         try:
-            return self.store.get_patch(key, ctx, copy=False)
+            p = self.store.get_patch(key, ctx, copy=False)
         except WindowkitError:  # corrupt entry: dropped by the store, recomputed here, never served
             self.stats.fallbacks += 1
             return None
+        if p is not None and p.meta.get("basis_stripped"):
+            if self.basis is None or p.meta.get("basis") != self.basis.uid:
+                return None  # coefficients on a basis this window does not hold: re-form
+            try:  # shared views back in, coefficients rotated from their stored basis version
+                p = self.basis.attach(p)
+            except KVShapeError:  # rotation history pruned: stale coordinates are never served
+                self.stats.fallbacks += 1
+                return None
+        return p
 
     def _insert(self, chunk: Chunk, at: Optional[int]) -> str:
         n = len(self._entries)
@@ -553,10 +567,16 @@ class Window:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
             canon = self._canonical(e)
-            p = form_patch(res.kv, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
-                           method=self.svd, meta={"kind": "fresh", "context": ctx})
+            meta = {"kind": "fresh", "context": ctx}
+            if self.basis is None:
+                p = form_patch(res.kv, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
+                               method=self.svd, meta=meta)
+            else:
+                d = deficit(res.kv, canon, start, self.backend.rope)
+                self.basis.observe(d)  # coordinated update: live basis-backed patches are rotated
+                p = self.basis.strip(self.basis.encode(d, self.rank, meta=meta, register=False))
             self.stats.patch_forms += 1
-            self.store.put_patch(e.key, ctx, p)
+            self.store.put_patch(e.key, ctx, p)  # basis-backed: coefficients only (S·m per layer-slot)
             e.kv, e.kv_start = res.kv, start
         e.ctx, e.ante = ctx, ante
         if ante:
