@@ -192,3 +192,17 @@ def test_empty_steps_and_query_only():
     # s2: A recalled at the head from its stored canonical: free (no relocation: it sits at 0)
     assert [c.total_ms for c in wk] == [14, 3, 0]
     assert [c.encode_ms for c in wk] == [0, 0, 0]
+
+
+def test_windowkit_lazy_form():
+    # s0: A at the head: prefill 4 (its canonical) + vision 8; B behind A: conditioned forward 2 only (no canonical,
+    #     no patch); query 1 -> 15
+    # s1: evict A: B has no canonical, so it keeps its KV (formed on (A,): risk) and relocates 4 -> 0 before C's
+    #     forward (replay 2 -> 1 ms); C: conditioned forward 4 + vision 8; query 1 -> 14
+    # s2: A recalled from its canonical (free); B's antecedents are (A,) again; B 0 -> 4 (1 ms) and C 2 -> 6 (2 ms),
+    #     C still conditioned on (B,) -> 3
+    res = simulate(T, P, strategies=["radix", "windowkit-lazy"], progress=False)
+    assert _ms(res, "windowkit-lazy") == [15, 14, 3]
+    t = res.totals("windowkit-lazy")
+    assert (t["encodes"], t["patch_forms"], t["relocations"], t["binding_risk"]) == (1, 0, 3, 2)
+    assert res.summary()["ratios"]["windowkit-lazy/radix"] == pytest.approx(32 / 34)

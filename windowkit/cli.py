@@ -15,6 +15,7 @@ USAGE = """usage: windowkit <command> [options]
 commands:
   verify      fidelity table per model (relocation error, KL to re-prefill, eta, patch bytes)
   bench kv    KV operator benchmark (reuse vs re-prefill, forming cost, break-even, bandwidth)
+  simulate    replay an access trace through reuse strategies (recompute, radix, blind, blend, windowkit)
 """
 
 
@@ -29,6 +30,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from windowkit.verify import main as verify_main
 
             return verify_main(rest)
+        if cmd == "simulate":
+            from windowkit.trace.simulate import main as simulate_main
+
+            return int(simulate_main(rest) or 0)
         if cmd == "bench":
             if not rest or rest[0] != "kv":
                 print("usage: windowkit bench kv [--quick] [--json PATH]", file=sys.stderr)

@@ -78,6 +78,7 @@ class CostModelBackend:
     """
 
     n_axes = 1
+    needs_past = False  # forward never reads the cache: the Window skips assembling it
     vocab_size = VOCAB
     dtype = torch.float32
     device = torch.device("cpu")

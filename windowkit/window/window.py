@@ -144,6 +144,7 @@ class Window:
         self._evicted: dict[str, Chunk] = {}
         self._known: dict[str, Chunk] = {}
         self._keys: dict[str, str] = {}  # chunk id -> content-addressed store key
+        self._live: set[str] = set()  # ids in the window (O(1) membership)
         self._ms_per_token: Optional[float] = None
         self._exact_cache: Optional[tuple[int, ChunkKV]] = None
         self._version = 0
@@ -166,7 +167,7 @@ class Window:
         return len(self._entries)
 
     def __contains__(self, chunk_id: str) -> bool:
-        return any(e.id == chunk_id for e in self._entries)
+        return chunk_id in self._live
 
     @property
     def num_tokens(self) -> int:
@@ -229,6 +230,7 @@ class Window:
             e = self._entries[idx]
             del self._entries[idx]
         self._evicted[e.id] = e.chunk
+        self._live.discard(e.id)
         self.store.unpin(e.key)
         self.graph.on_evict(e.id)  # patches formed on it are stale from now on
         self._version += 1
@@ -408,6 +410,7 @@ class Window:
         other._evicted = dict(self._evicted)
         other._known = dict(self._known)
         other._keys = dict(self._keys)
+        other._live = set(self._live)
         other._exact_cache = None
         other.graph = self.graph.copy()
         other.last_cascade = None
@@ -538,6 +541,7 @@ class Window:
             self._entries.appendleft(e)
         else:
             self._entries.insert(idx, e)
+        self._live.add(chunk.id)
         self._version += 1
         return chunk.id
 
@@ -664,6 +668,8 @@ class Window:
                 self.graph.add_patch(e.id, e.ctx, e.ante, "removal", p.nbytes, n)
 
     def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
+        if not getattr(self.backend, "needs_past", True):  # a cost-model backend never reads the cache
+            return None
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
         for e, s in zip(list(self._entries)[:idx], self.starts()[:idx]):
             parts.append(self._kv_at(e, s))
