@@ -5,6 +5,7 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.windowkit-installed
+SG_STAMP := $(VENV)/.windowkit-sglang-installed
 
 .PHONY: demo test venv bench clean
 
@@ -14,14 +15,19 @@ $(STAMP): requirements.txt pyproject.toml
 	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
 
+# sglang 0.5.23 without its CUDA-only dependencies: the adapter's pool and RoPE tests run on CPU against it
+$(SG_STAMP): requirements-sglang.txt $(STAMP)
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-sglang.txt
+	@touch $(SG_STAMP)
+
 venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
 
-test: $(STAMP)
-	$(VPY) -m pytest -q tests
+test: $(STAMP) $(SG_STAMP)
+	env -u SGLANG_USE_CPU_ENGINE $(VPY) -m pytest -q tests
 
 bench: $(STAMP)
 	$(VENV)/bin/windowkit bench kv --quick --json bench/results/kv_quick.json
