@@ -13,7 +13,7 @@ Cold tier (off by default): ``ChunkStore(..., cold=ColdTierConfig(rank=16))`` st
 budget pressure (or on ``store.compress(key)``) as exact edge rows + low-rank factors; see docs/store.md.
 """
 from windowkit.store.cold import ColdTierConfig
-from windowkit.store.keys import chunk_key, context_hash, orbit_context_hash
+from windowkit.store.keys import chunk_key, context_hash, context_root, context_step, orbit_context_hash
 from windowkit.store.store import ChunkStore, StoreStats
 
-__all__ = ["ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "context_hash", "orbit_context_hash"]
+__all__ = ["context_root", "context_step", "ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "context_hash", "orbit_context_hash"]

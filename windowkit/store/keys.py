@@ -33,14 +33,30 @@ def chunk_key(content_hash: str, model_fingerprint: str | None) -> str:
     return _digest(["chunk", str(content_hash), model_fingerprint or ""])
 
 
+def context_root(prefix: str = "") -> str:
+    """Hash of the empty context after ``prefix`` (the start of the chain ``context_hash`` walks)."""
+    return _digest(["ctx", prefix])
+
+
+def context_step(prev: str, key: str) -> str:
+    """The context hash one antecedent further: chained, so a window hashes all its contexts in O(n)."""
+    return _digest([prev, str(key)])
+
+
 def context_hash(ids: Sequence[str], prefix: str = "") -> str:
     """Hash of an ordered antecedent context: the chunk keys before the patched chunk, after ``prefix``.
 
         context_hash([key_a, key_b]) != context_hash([key_b, key_a])
+
+    Defined as a chain (``context_root`` then one ``context_step`` per key) so that the contexts of every
+    chunk of a window, each one a prefix of the next, cost one step each.
     """
     if isinstance(ids, str):  # a lone string would hash as its characters
         raise TypeError("context_hash takes a sequence of chunk keys, not one string")
-    return _digest(["ctx", prefix, [str(i) for i in ids]])
+    h = context_root(prefix)
+    for i in ids:
+        h = context_step(h, i)
+    return h
 
 
 def orbit_context_hash(ids: Sequence[str], prefix: str = "") -> str:
@@ -56,4 +72,4 @@ def orbit_context_hash(ids: Sequence[str], prefix: str = "") -> str:
     return _digest(["orbit", prefix, sorted(str(i) for i in ids)])
 
 
-__all__ = ["chunk_key", "context_hash", "orbit_context_hash"]
+__all__ = ["chunk_key", "context_hash", "context_root", "context_step", "orbit_context_hash"]

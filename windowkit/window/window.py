@@ -30,7 +30,7 @@ from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, Windo
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
-from windowkit.store import ChunkStore, chunk_key, context_hash, orbit_context_hash
+from windowkit.store import ChunkStore, chunk_key, context_hash, context_root, context_step, orbit_context_hash
 
 Mode = Literal["patch", "blind", "exact"]
 Where = Union[str, int]
@@ -145,6 +145,7 @@ class Window:
         self._known: dict[str, Chunk] = {}
         self._keys: dict[str, str] = {}  # chunk id -> content-addressed store key
         self._live: set[str] = set()  # ids in the window (O(1) membership)
+        self._ctx_memo: dict[tuple[str, ...], str] = {}
         self._ms_per_token: Optional[float] = None
         self._exact_cache: Optional[tuple[int, ChunkKV]] = None
         self._version = 0
@@ -367,10 +368,18 @@ class Window:
             parts.append(self._kv_at(e, s))
         return concat(parts) if parts else None
 
+    def _query_past(self) -> Optional[ChunkKV]:
+        """The window KV a query runs over; for a backend that never reads it (cost model), only account."""
+        if self.mode != "exact" and not getattr(self.backend, "needs_past", True):
+            for e, s in zip(self._entries, self.starts()):
+                self._kv_at(e, s)  # counts relocations; no tensor work for such a backend
+            return None
+        return self.window_kv()
+
     def forward(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk]) -> torch.Tensor:
         """Next-token logits [vocab] of the last query token after the window. The window is unchanged."""
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
-        past = self.window_kv()
+        past = self._query_past()
         res = self.backend.forward([q], self.next_position, past)
         self.backend.forget(q)
         return res.logits
@@ -411,6 +420,7 @@ class Window:
         other._known = dict(self._known)
         other._keys = dict(self._keys)
         other._live = set(self._live)
+        other._ctx_memo = {}
         other._exact_cache = None
         other.graph = self.graph.copy()
         other.last_cascade = None
@@ -498,7 +508,13 @@ class Window:
     def _ctx(self, ante: Sequence[str]) -> str:
         """Context hash over the antecedents' *content* keys: a context recurs whenever the same content
         does, whatever ids the caller gave the chunks."""
-        return context_hash([self._keys[i] for i in ante], prefix=self._prefix_key)
+        ante = tuple(ante)
+        h = self._ctx_memo.get(ante)
+        if h is None:  # sha256 over the keys is the cost of a survivor refresh: memoize per context
+            if len(self._ctx_memo) > 4096:
+                self._ctx_memo.clear()
+            h = self._ctx_memo[ante] = context_hash([self._keys[i] for i in ante], prefix=self._prefix_key)
+        return h
 
     def _get_patch(self, key: str, ctx: str) -> Optional[Patch]:
         try:
@@ -624,12 +640,16 @@ class Window:
         this context) use it; otherwise keep the current KV as-is (it only relocates)."""
         entries = list(self._entries)
         starts = self.starts()
+        ids = [x.id for x in entries]
+        h = context_root(self._prefix_key)  # chained context hashes: O(1) per survivor
+        for x in entries[:first]:
+            h = context_step(h, x.key)
         for i in range(first, len(entries)):
             e = entries[i]
-            ante = tuple(x.id for x in entries[:i])
+            ctx, h = h, context_step(h, e.key)
+            ante = tuple(ids[:i])
             if ante == e.ante:
                 continue
-            ctx = self._ctx(ante)
             if not ante and self.prefix is None:
                 if self.form == "lazy" and not self.store.has_canonical(e.key):
                     continue  # lazy: no encode just for this; keep-as-is
@@ -680,7 +700,8 @@ class Window:
             raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
         if e.kv_start != start:
             t0 = time.perf_counter()
-            e.kv = e.kv.relocate(start - e.kv_start, self.backend.rope)
+            if getattr(self.backend, "needs_past", True):  # a cost-model backend: account, skip the tensor op
+                e.kv = e.kv.relocate(start - e.kv_start, self.backend.rope)
             e.kv_start = start
             self.stats.relocations += 1
             self.stats.bytes_moved += self._rope_bytes_per_token() * len(e.chunk) * 2

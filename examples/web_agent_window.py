@@ -1,0 +1,93 @@
+"""Web/GUI agent window on windowkit: a task chunk plus the last k screenshots; planner + grounder share them.
+
+    PYTHONPATH=. .venv/bin/python examples/web_agent_window.py                      # tiny random Qwen2.5-VL
+    PYTHONPATH=. .venv/bin/python examples/web_agent_window.py --model /path/to/Qwen2.5-VL-3B-Instruct --steps 12
+
+Draws ``--steps`` synthetic screenshots (header bar, buttons, a coloured box moving per step), and at each
+step admits the new screenshot (evicting the oldest beyond ``--window``), runs the planner
+(``win.generate``) and the grounder (``win.forward``) on the same window, and compares the planner's
+next-token logits with an exact re-prefill window. Prints one row per step and a summary (docs/agents.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _prompts(model, model_path):
+    """(task, planner, grounder) ids: the tokenizer's when a local checkpoint has one, else synthetic."""
+    import torch
+
+    if model_path:
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+
+            def enc(s):
+                return tok(s, add_special_tokens=False)["input_ids"]
+
+            return (enc("Task: find the cheapest red item on shop.example and add it to the cart."),
+                    enc(" Thought and next action:"), enc(" Click at element:"))
+        except Exception as e:  # no tokenizer files: fall back to synthetic ids
+            print(f"(no tokenizer at {model_path}: {type(e).__name__}; using synthetic ids)", file=sys.stderr)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    g = torch.Generator().manual_seed(0)
+    hi = min(vocab, 1000)
+    return (torch.randint(10, hi, (16,), generator=g).tolist(), torch.randint(10, hi, (3,), generator=g).tolist(),
+            torch.randint(10, hi, (2,), generator=g).tolist())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny-qwen2.5-vl", help="tiny-qwen2.5-vl | tiny-qwen3-vl | local checkpoint")
+    ap.add_argument("--steps", type=int, default=8, help="agent steps (one new screenshot each)")
+    ap.add_argument("--window", type=int, default=3, help="screenshots kept in the window")
+    ap.add_argument("--size", default="168x112", help="screenshot (viewport) size WxH")
+    ap.add_argument("--rank", type=int, default=32, help="patch rank m")
+    ap.add_argument("--form", default="eager", choices=("eager", "lazy"), help="Window form (docs/window.md)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the exact re-prefill reference window")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from agents.web import WebAgent, format_step_header, format_step_row, format_summary, synthetic_screenshot
+    from windowkit.backends.hf import load_model
+    from windowkit.errors import WindowkitError
+
+    torch.set_num_threads(max(1, args.threads))
+    t_start = time.perf_counter()
+    try:
+        w, h = (int(x) for x in args.size.lower().split("x"))
+    except ValueError:
+        ap.error(f"--size must be WxH, got {args.size!r}")
+    if args.steps < 1:
+        ap.error("--steps must be >= 1")
+    try:
+        model = load_model(args.model)
+        model_path = args.model if os.path.isdir(args.model) else None
+        agent = WebAgent(model, window=args.window, viewport=(w, h), rank=args.rank, form=args.form,
+                         reference=not args.no_reference, model_path=model_path)
+        task, planner, grounder = _prompts(model, model_path)
+        shots = [synthetic_screenshot(i, agent.viewport) for i in range(args.steps)]
+        n_tok = len(agent.screenshot_chunk(shots[0], 0))
+        print(f"model {args.model} | {args.steps} screenshots {agent.viewport[0]}x{agent.viewport[1]}, {n_tok} tokens "
+              f"each | window: task ({len(task)} tokens) + last {args.window} screenshots | rank {args.rank}, form {args.form}")
+        print(format_step_header())
+        report = agent.run(shots, task, planner, grounder, on_step=lambda r: print(format_step_row(r), flush=True))
+    except WindowkitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print()
+    print(format_summary(report))
+    print(f"\ntotal {time.perf_counter() - t_start:.1f} s (model build, screenshots, {args.steps} steps)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
