@@ -229,10 +229,6 @@ class WebAgent:
 
 
 # ====================================================================== tables
-_COLS = ("step", "held", "admitted", "evicted", "enc", "vis", "forms", "reloc", "prefill", "pc_tok", "exact",
-         "KL", "agree", "plan")
-
-
 def format_step_header() -> str:
     return (f"{'step':>4} {'held':<14} {'admitted':<10} {'evicted':<8} {'enc':>4} {'vis':>4} {'forms':>5} {'reloc':>5} "
             f"{'prefill':>7} {'pc_tok':>6} {'exact':>6} {'ms':>7} {'KL':>8} {'agree':>5} plan")
@@ -240,6 +236,7 @@ def format_step_header() -> str:
 
 def format_step_row(r: WebStepLog) -> str:
     d = r.delta
+
     def short(ids):
         return ",".join(s.replace("shot-", "s") for s in ids) or "-"
 
