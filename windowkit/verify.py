@@ -41,10 +41,7 @@ def _chunks(backend: HFBackend, seed: int) -> tuple[Chunk, Chunk, Chunk]:
     if backend.model_type in ("qwen2_5_vl", "qwen3_vl"):
         from windowkit.backends.tiny import synthetic_image_chunk
 
-        if backend.model_type == "qwen3_vl":
-            grid = (1, 16, 16)  # patch 16: 256 patches -> 64 tokens
-        else:
-            grid = (1, 16, 16)
+        grid = (1, 16, 16)  # 256 patches -> 64 merged image tokens (both Qwen-VL families merge 2x2)
         a = synthetic_image_chunk(backend.model, grid, seed=1000 + seed, id=f"A{seed}", text_before=8)
         b = synthetic_image_chunk(backend.model, grid, seed=2000 + seed, id=f"B{seed}", text_before=8)
         return a, b, text(8, "q")

@@ -116,6 +116,9 @@ class Window:
         if rank is not None and int(rank) < 1:
             raise WindowkitError(f"rank must be >= 1 or None (full rank), got {rank}")
         self.backend = backend
+        # False for a cost-model backend (simulation): it never reads the cache, so the Window accounts for
+        # relocations without doing their tensor work or assembling the window KV
+        self._needs_past = bool(getattr(backend, "needs_past", True))
         self.store = store if store is not None else ChunkStore(model_fingerprint=backend.fingerprint(),
                                                                 layout=backend.layout)
         self.rank = rank
@@ -262,11 +265,12 @@ class Window:
                 for i in range(pos + 1, len(self._entries)):
                     if reuse_decision(self._entries[i].ante, self.ids[:i])[1]:
                         targets.add(i)
+                starts, ids = self.starts(), self.ids  # re-conditioning moves nothing
                 for i in sorted(targets):
                     e = self._entries[i]
-                    ante = tuple(self.ids[:i])
+                    ante = tuple(ids[:i])
                     if e.ante != ante:
-                        self._condition(e, i, self.starts()[i], ante)
+                        self._condition(e, i, starts[i], ante)
         return cid
 
     def reorder(self, ids: Sequence[str]) -> None:
@@ -370,7 +374,7 @@ class Window:
 
     def _query_past(self) -> Optional[ChunkKV]:
         """The window KV a query runs over; for a backend that never reads it (cost model), only account."""
-        if self.mode != "exact" and not getattr(self.backend, "needs_past", True):
+        if self.mode != "exact" and not self._needs_past:
             for e, s in zip(self._entries, self.starts()):
                 self._kv_at(e, s)  # counts relocations; no tensor work for such a backend
             return None
@@ -450,9 +454,10 @@ class Window:
         if limit is not None:
             stale = sorted(stale, key=lambda t: (-t[0], t[1]))[:max(int(limit), 0)]
         done = []
+        starts = self.starts()  # re-conditioning moves nothing
         for _score, i in sorted(stale, key=lambda t: t[1]):
             e = self._entries[i]
-            self._condition(e, i, self.starts()[i], tuple(self.ids[:i]))
+            self._condition(e, i, starts[i], tuple(ids[:i]))
             done.append(e.id)
         self._version += 1
         return done
@@ -544,8 +549,9 @@ class Window:
         self.store.pin(key)  # the live window's canonicals are never evicted from the store
         e = _Entry(chunk, key, self.backend.span(chunk))
         if self.mode != "exact":
-            start = self._prefix_span + sum(x.span for x in list(self._entries)[:idx])
-            ante = tuple(x.id for x in list(self._entries)[:idx])
+            before = list(self._entries)[:idx]
+            start = self._prefix_span + sum(x.span for x in before)
+            ante = tuple(x.id for x in before)
             if self.mode == "blind":
                 canon = self._canonical(e)
                 e.kv, e.kv_start = self._placed(canon, start, None), start
@@ -688,10 +694,10 @@ class Window:
                 self.graph.add_patch(e.id, e.ctx, e.ante, "removal", p.nbytes, n)
 
     def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
-        if not getattr(self.backend, "needs_past", True):  # a cost-model backend never reads the cache
+        if not self._needs_past:
             return None
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
-        for e, s in zip(list(self._entries)[:idx], self.starts()[:idx]):
+        for e, s in zip(list(self._entries)[:idx], self.starts()):
             parts.append(self._kv_at(e, s))
         return concat(parts) if parts else None
 
@@ -700,7 +706,7 @@ class Window:
             raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
         if e.kv_start != start:
             t0 = time.perf_counter()
-            if getattr(self.backend, "needs_past", True):  # a cost-model backend: account, skip the tensor op
+            if self._needs_past:
                 e.kv = e.kv.relocate(start - e.kv_start, self.backend.rope)
             e.kv_start = start
             self.stats.relocations += 1
