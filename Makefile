@@ -6,8 +6,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.windowkit-installed
 SG_STAMP := $(VENV)/.windowkit-sglang-installed
+MC_STAMP := $(VENV)/.windowkit-mooncake-installed
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench bench-store-tier clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -20,17 +21,29 @@ $(SG_STAMP): requirements-sglang.txt $(STAMP)
 	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-sglang.txt
 	@touch $(SG_STAMP)
 
+# Mooncake Store (shared store tier): the wheel, plus the RDMA user-space libraries it links even for TCP.
+# The Debian packages are installed only when missing (CI runs as root on a fresh Debian machine).
+$(MC_STAMP): requirements-mooncake.txt $(STAMP)
+	@dpkg -s libibverbs1 librdmacm1 >/dev/null 2>&1 || { \
+		echo "installing Debian libibverbs1 librdmacm1 (needed by mooncake-transfer-engine)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 libibverbs1 librdmacm1; }
+	$(VPY) -m pip install -q --disable-pip-version-check -r requirements-mooncake.txt
+	@touch $(MC_STAMP)
+
 venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
 
-test: $(STAMP) $(SG_STAMP)
+test: $(STAMP) $(SG_STAMP) $(MC_STAMP)
 	env -u SGLANG_USE_CPU_ENGINE $(VPY) -m pytest -q tests
 
 bench: $(STAMP)
 	$(VENV)/bin/windowkit bench kv --quick --json bench/results/kv_quick.json
+
+bench-store-tier: $(STAMP) $(MC_STAMP)
+	PYTHONPATH=. $(VPY) bench/bench_store_tier.py --json bench/results/store_tier.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

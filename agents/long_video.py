@@ -7,6 +7,8 @@
     report = agent.run(frames, plan, question_ids, prompt_ids)
     for row in report.steps: print(row.kind, row.ops, row.delta, row.answer)
 
+    agent = LongVideoAgent(model, window=6, record="run.jsonl")  # also write each step's window as a trace
+
 Each step holds ``window`` frames plus the question chunk at the tail and reaches that window with one
 ``win.assign([...frames..., question])``: on a slide the head frame is evicted (survivors only relocate)
 and the new frame admitted in front of the question; on a look-back step the frames t-10..t-8 come back
@@ -14,6 +16,8 @@ by ``recall`` (canonical from the store + R(δ) + a fresh rank-m patch: no visio
 re-encode). Every step logs the deltas of ``win.stats`` and of the backend's ``vision_calls``, the
 greedy answer tokens, and, when a reference is kept, fidelity against exact re-prefill of the same
 window (next-token KL, argmax and answer agreement) and the tokens a prefix cache would re-prefill.
+With ``record=PATH`` every step's window (frames + question, in order) and its query size (the answer
+prompt) is appended to a JSONL trace (``windowkit.trace.TraceRecorder``) that ``windowkit simulate`` replays.
 
 Frames become image chunks without downloads: transformers' Pillow Qwen2-VL image processor (small
 pixel budget) gives ``pixel_values`` and ``image_grid_thw``; the ids are
@@ -25,7 +29,8 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -143,6 +148,7 @@ class StepLog:
     ms: float  # measured: assign + next-token forward on the patch window (generate not timed)
     prefix_cache_tokens: int = 0  # tokens a prefix cache would prefill (from the first changed chunk on)
     exact_ms: Optional[float] = None  # measured: the same step on the exact (re-prefill) window
+    pc_ms: Optional[float] = None  # measured: the same step on the prefix cache (PrefixCache)
     exact_answer: Optional[list[int]] = None
     kl: Optional[float] = None  # KL(exact || patch) of the next-token distribution after the prompt
     argmax_agree: Optional[bool] = None
@@ -177,6 +183,7 @@ class AgentReport:
                     windowkit_prefill_tokens=wk_tok, prefix_cache_tokens=pc_tok, exact_prefill_tokens=exact_tok,
                     windowkit_ms=sum(r.ms for r in self.steps),
                     exact_ms=sum(r.exact_ms for r in self.steps if r.exact_ms is not None),
+                    prefix_cache_ms=sum(r.pc_ms for r in self.steps if r.pc_ms is not None),
                     prefix_cache_ms_modeled=pc_tok * self.ms_per_token,
                     windowkit_ms_modeled=wk_tok * self.ms_per_token,
                     vision_calls=self.vision_calls)
@@ -189,12 +196,57 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum().clamp_min(0.0))
 
 
-def _common_prefix_tokens(prev: Sequence[Chunk], cur: Sequence[Chunk]) -> int:
-    """Tokens of ``cur`` from its first chunk that differs from ``prev`` on (a prefix cache re-prefills them)."""
+def _common_prefix(prev: Sequence[Chunk], cur: Sequence[Chunk]) -> int:
+    """Number of leading chunks ``cur`` shares with ``prev`` (by id)."""
     k = 0
     while k < min(len(prev), len(cur)) and prev[k].id == cur[k].id:
         k += 1
-    return sum(len(c) for c in cur[k:])
+    return k
+
+
+def _common_prefix_tokens(prev: Sequence[Chunk], cur: Sequence[Chunk]) -> int:
+    """Tokens of ``cur`` from its first chunk that differs from ``prev`` on (a prefix cache re-prefills them)."""
+    return sum(len(c) for c in cur[_common_prefix(prev, cur):])
+
+
+class PrefixCache:
+    """The prefix-cache baseline, run for real: keep the previous step's window KV, reuse its longest leading
+    run of unchanged chunks and prefill everything after it in one forward (vLLM / SGLang prefix caching with
+    the previous context cached). Exact, like re-prefill; it only saves the unchanged prefix.
+
+        pc = PrefixCache(HFBackend(model))
+        logits = pc.step([frame0, frame1, question], prompt_ids)   # next-token logits after the prompt
+        pc.last_prefill_tokens                                      # tokens it ran this step (prompt excluded)
+    """
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.chunks: list[Chunk] = []
+        self.spans: list[int] = []  # position span of each cached chunk (M-RoPE image spans differ from tokens)
+        self.kv = None  # ChunkKV of ``chunks``, in order
+        self.last_prefill_tokens = 0
+
+    def step(self, wanted: Sequence[Chunk], prompt: torch.Tensor) -> torch.Tensor:
+        from windowkit.kv import concat
+
+        wanted = list(wanted)
+        k = _common_prefix(self.chunks, wanted)
+        n_tok = sum(len(c) for c in wanted[:k])
+        past = self.kv.slice(0, n_tok) if k else None
+        start = sum(self.spans[:k])
+        rest = wanted[k:]
+        self.last_prefill_tokens = sum(len(c) for c in rest)
+        if rest:
+            res = self.backend.forward(rest, start, past)
+            self.kv = res.kv if past is None else concat([past, res.kv])
+            self.spans = self.spans[:k] + list(res.spans)
+        else:
+            self.kv, self.spans = past, self.spans[:k]
+        self.chunks = wanted
+        q = Chunk.text(prompt, id="__query__")
+        out = self.backend.forward([q], sum(self.spans), self.kv).logits
+        self.backend.forget(q)
+        return out
 
 
 # ====================================================================== the agent
@@ -204,12 +256,15 @@ class LongVideoAgent:
     model:     a Qwen2.5-VL / Qwen3-VL transformers model (tiny random or a local checkpoint)
     window:    frames held per step (the question chunk comes on top)
     rank:      patch rank m; mode: "patch" | "blind" | "exact"
-    reference: also run a mode="exact" window over the same steps (fidelity + exact timing)
+    reference: also run a mode="exact" window (fidelity + exact timing) and a ``PrefixCache`` (its timing)
+               over the same steps
+    record:    a JSONL trace path: ``run`` writes one step per plan step (the window after ``assign``, the
+               answer prompt as the query); the file is rewritten by each ``run``
     """
 
     def __init__(self, model: Any, *, window: int = 6, rank: Optional[int] = 32, mode: str = "patch",
                  frame_size: tuple[int, int] = (112, 84), reference: bool = True, model_path: Optional[str] = None,
-                 max_new_tokens: int = 4):
+                 max_new_tokens: int = 4, record: Union[str, Path, None] = None):
         from windowkit.backends.hf import HFBackend
         from windowkit.window import Window
 
@@ -221,6 +276,9 @@ class LongVideoAgent:
         self.backend = HFBackend(model)
         self.win = Window(self.backend, rank=rank, mode=mode)
         self.ref = Window(HFBackend(model), mode="exact") if reference else None
+        self.pc = PrefixCache(HFBackend(model)) if reference else None  # own backend: pays its own vision runs
+        self.record = record
+        self.recorder = None  # the open TraceRecorder while ``run`` records
 
     # ------------------------------------------------------------------ input
     def load_video(self, path: str, fps: Optional[float] = 2.0, max_frames: Optional[int] = None) -> list[Chunk]:
@@ -232,9 +290,12 @@ class LongVideoAgent:
     # ------------------------------------------------------------------ running
     def run(self, frames: Sequence[Chunk], plan: Sequence[Step], question_ids: Sequence[int],
             prompt_ids: Sequence[int], progress: Optional[Callable[[Iterable], Iterable]] = None,
-            on_step: Optional[Callable[[StepLog], None]] = None) -> AgentReport:
+            on_step: Optional[Callable[[StepLog], None]] = None,
+            on_phase: Optional[Callable[[str], None]] = None) -> AgentReport:
         """Run every step of ``plan``; returns the per-step logs. ``progress`` wraps the step iterator
-        (e.g. tqdm); ``on_step`` sees each row as soon as it is done."""
+        (e.g. tqdm); ``on_step`` sees each row as soon as it is done; ``on_phase`` is told which part of a step
+        starts ("windowkit", "answer", "exact", "prefix cache"): progress inside long steps."""
+        self._on_phase = on_phase
         if not frames:
             raise VideoError("no frames to run over")
         for s in plan:
@@ -249,14 +310,23 @@ class LongVideoAgent:
         prev: list[Chunk] = []
         it: Iterable = progress(plan) if progress is not None else plan
         exact_ms_tok: list[float] = []
-        for s in it:
-            row = self.step(s, [frames[i] for i in s.frames], question, prompt, prev)
-            prev = [frames[i] for i in s.frames] + [question]
-            if row.exact_ms is not None and row.window_tokens:
-                exact_ms_tok.append(row.exact_ms / row.window_tokens)
-            report.steps.append(row)
-            if on_step is not None:
-                on_step(row)
+        if self.record is not None:
+            from windowkit.trace.record import TraceRecorder
+
+            self.recorder = TraceRecorder(self.record)
+        try:
+            for s in it:
+                row = self.step(s, [frames[i] for i in s.frames], question, prompt, prev)
+                prev = [frames[i] for i in s.frames] + [question]
+                if row.exact_ms is not None and row.window_tokens:
+                    exact_ms_tok.append(row.exact_ms / row.window_tokens)
+                report.steps.append(row)
+                if on_step is not None:
+                    on_step(row)
+        finally:  # a failed step leaves the steps done so far in the trace
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
         report.stats = self.win.stats.as_dict()
         report.vision_calls = self.backend.stats.vision_calls
         if exact_ms_tok:
@@ -268,12 +338,17 @@ class LongVideoAgent:
              prev: Sequence[Chunk] = ()) -> StepLog:
         """One step: ``assign`` the window, read the next-token logits and the greedy answer after ``prompt``."""
         wanted = list(frame_chunks) + [question]
+        phase = getattr(self, "_on_phase", None) or (lambda name: None)
+        phase("windowkit")
         before = self.win.stats.as_dict()
         vc0 = self.backend.stats.vision_calls
         t0 = time.perf_counter()
         edits = self.win.assign(wanted)
         logits = self.win.forward(prompt)  # materializes the window: relocations happen here
         ms = (time.perf_counter() - t0) * 1e3
+        if self.recorder is not None:  # once per step, outside the timed part
+            self.recorder.record(self.win, query_tokens=int(prompt.numel()))
+        phase("answer")
         answer = self.win.generate(prompt, max_new_tokens=self.max_new_tokens)
         after = self.win.stats.as_dict()
         delta = {k: after[k] - before[k] for k in STAT_FIELDS}
@@ -284,6 +359,7 @@ class LongVideoAgent:
         row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
                       prefix_cache_tokens=_common_prefix_tokens(list(prev), wanted))
         if self.ref is not None:
+            phase("exact")
             t1 = time.perf_counter()
             self.ref.assign(wanted)
             ref_logits = self.ref.forward(prompt)  # one full re-prefill of the window (+ the prompt)
@@ -291,22 +367,27 @@ class LongVideoAgent:
             row.exact_answer = self.ref.generate(prompt, max_new_tokens=self.max_new_tokens)  # reuses that prefill
             row.kl = _kl(ref_logits, logits)
             row.argmax_agree = int(ref_logits.argmax()) == int(logits.argmax())
+        if self.pc is not None:
+            phase("prefix cache")
+            t2 = time.perf_counter()
+            self.pc.step(wanted, prompt)  # reuse the unchanged leading chunks, prefill the rest + the prompt
+            row.pc_ms = (time.perf_counter() - t2) * 1e3
         return row
 
 
 # ====================================================================== tables
 def format_step_table(rows: Sequence[StepLog], header: bool = True) -> str:
     cols = ("step", "kind", "frames", "ops", "enc", "vis", "forms", "apply", "reuse", "reloc", "prefill", "pc_tok",
-            "ms", "exact_ms", "KL", "agree", "answer")
+            "ms", "pc_ms", "exact_ms", "KL", "agree", "answer")
     lines = []
     if header:
-        lines.append(" ".join(f"{c:>8}" if i not in (1, 2, 3, 16) else f"{c:<{_W[i]}}" for i, c in enumerate(cols)))
+        lines.append(" ".join(f"{c:>8}" if i not in _W else f"{c:<{_W[i]}}" for i, c in enumerate(cols)))
     for r in rows:
         lines.append(format_step_row(r))
     return "\n".join(lines)
 
 
-_W = {1: 9, 2: 16, 3: 22, 16: 16}
+_W = {1: 9, 2: 16, 3: 22, 17: 16}
 
 
 def format_step_row(r: StepLog) -> str:
@@ -316,6 +397,7 @@ def format_step_row(r: StepLog) -> str:
     vals = [f"{r.index:>8}", f"{r.kind:<9}", f"{frames:<16}", f"{ops:<22}", f"{d['encodes']:>8}",
             f"{d['vision_calls']:>8}", f"{d['patch_forms']:>8}", f"{d['patch_applies']:>8}", f"{d['patch_reuses']:>8}",
             f"{d['relocations']:>8}", f"{d['prefill_tokens']:>8}", f"{r.prefix_cache_tokens:>8}", f"{r.ms:>8.1f}",
+            f"{r.pc_ms:>8.1f}" if r.pc_ms is not None else f"{'-':>8}",
             f"{r.exact_ms:>8.1f}" if r.exact_ms is not None else f"{'-':>8}",
             f"{r.kl:>8.1e}" if r.kl is not None else f"{'-':>8}",
             f"{('yes' if r.argmax_agree else 'NO'):>8}" if r.argmax_agree is not None else f"{'-':>8}",
@@ -348,6 +430,9 @@ def format_summary(report: AgentReport) -> str:
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
 
+    def ratio(a, b):
+        return a / b if b else None
+
     lines = ["| quantity | value |", "|---|---:|",
              f"| steps (slide / look-back) | {len(by_kind.get('slide', []))} / {len(by_kind.get('look-back', []))} |",
              f"| window edits | {', '.join(f'{k} {v}' for k, v in sorted(ops.items()))} |",
@@ -360,10 +445,15 @@ def format_summary(report: AgentReport) -> str:
              f"{s['prefix_cache_tokens']} / {s['exact_prefill_tokens']} |",
              f"| modeled prefill ms (at {report.ms_per_token:.3f} ms/token): windowkit / prefix cache | "
              f"{s['windowkit_ms_modeled']:.0f} / {s['prefix_cache_ms_modeled']:.0f} |",
-             f"| measured ms: windowkit steps / exact steps | {s['windowkit_ms']:.0f} / {s['exact_ms']:.0f} |",
+             f"| measured ms: windowkit / prefix cache / exact re-prefill | {s['windowkit_ms']:.0f} / "
+             f"{s['prefix_cache_ms']:.0f} / {s['exact_ms']:.0f} |",
+             f"| time vs the prefix cache, windowkit / prefix cache: measured / modeled | "
+             f"{f(ratio(s['windowkit_ms'], s['prefix_cache_ms']), '.2f')} / "
+             f"{f(ratio(s['windowkit_ms_modeled'], s['prefix_cache_ms_modeled']), '.2f')} |",
              f"| est_ms_saved (win.stats) | {t['est_ms_saved']:.0f} |"]
     return "\n".join(lines)
 
 
-__all__ = ["FrameEncoder", "Step", "make_plan", "StepLog", "AgentReport", "LongVideoAgent", "STAT_FIELDS",
+__all__ = ["FrameEncoder", "Step", "make_plan", "StepLog", "AgentReport", "PrefixCache", "LongVideoAgent",
+           "STAT_FIELDS",
            "format_step_table", "format_step_row", "format_summary"]

@@ -19,12 +19,17 @@ Both read the same screenshot chunks, so the vision tower runs once per screensh
 Screenshots are PIL images (or uint8 [H, W, 3] arrays) of a fixed viewport size; each becomes an image chunk
 through ``agents.long_video.FrameEncoder`` (transformers' ``Qwen2VLImageProcessorPil``, config token ids).
 A screenshot of another size raises ``ScreenshotError`` (a ``windowkit.ChunkError``) before any window edit.
+
+With ``record=PATH`` each step's window (task + screenshots, in order) is appended to a JSONL trace
+(``windowkit.trace.TraceRecorder``); its query size is the planner plus the grounder prompt, the two calls
+that read the window.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -125,11 +130,12 @@ class WebAgent:
     viewport:  (w, h) every screenshot must have; rounded to multiples of patch x merge at construction
     rank, mode, form: passed to ``Window`` (docs/window.md)
     reference: also keep a mode="exact" window over the same contents (fidelity of the planner's logits)
+    record:    a JSONL trace path: ``run`` writes one step per screenshot (the file is rewritten by each ``run``)
     """
 
     def __init__(self, model: Any, *, window: int = 3, viewport: tuple[int, int] = (168, 112),
                  rank: Optional[int] = 32, mode: str = "patch", form: str = "eager", reference: bool = True,
-                 model_path: Optional[str] = None, max_new_tokens: int = 4):
+                 model_path: Optional[str] = None, max_new_tokens: int = 4, record: Union[str, Path, None] = None):
         from windowkit.backends.hf import HFBackend
         from windowkit.window import Window
 
@@ -145,6 +151,8 @@ class WebAgent:
         self.task: Optional[Chunk] = None
         self.shots: list[Chunk] = []  # every screenshot seen, in order
         self._prev: list[Chunk] = []
+        self.record = record
+        self.recorder = None  # the open TraceRecorder while ``run`` records
 
     # ------------------------------------------------------------------ input
     def screenshot_chunk(self, image: Any, index: int) -> Chunk:
@@ -189,6 +197,8 @@ class WebAgent:
         t0 = time.perf_counter()
         edits = self.win.assign(wanted)
         self.shots.append(shot)
+        if self.recorder is not None:  # once per step: the window both calls read
+            self.recorder.record(self.win, query_tokens=int(planner.numel() + grounder.numel()))
         logits = self.win.forward(planner)  # materializes the window (relocations happen here)
         plan = self.win.generate(planner, max_new_tokens=self.max_new_tokens)
         mid = self.win.stats.as_dict()
@@ -217,11 +227,20 @@ class WebAgent:
         """Start the task and run one step per screenshot; returns the per-step logs."""
         self.start(task_ids)
         report = WebReport()
-        for img in images:
-            row = self.step(img, planner_ids, grounder_ids)
-            report.steps.append(row)
-            if on_step is not None:
-                on_step(row)
+        if self.record is not None:
+            from windowkit.trace.record import TraceRecorder
+
+            self.recorder = TraceRecorder(self.record)
+        try:
+            for img in images:
+                row = self.step(img, planner_ids, grounder_ids)
+                report.steps.append(row)
+                if on_step is not None:
+                    on_step(row)
+        finally:  # a failed step leaves the steps done so far in the trace
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
         report.stats = self.win.stats.as_dict()
         report.vision_calls = self.backend.stats.vision_calls
         report.distinct_screenshots = len({c.content_hash() for c in self.shots})

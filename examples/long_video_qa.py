@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python examples/long_video_qa.py                       # tiny random Qwen2.5-VL
     PYTHONPATH=. .venv/bin/python examples/long_video_qa.py --model /path/to/Qwen2.5-VL-3B-Instruct --video clip.mp4
+    PYTHONPATH=. .venv/bin/python examples/long_video_qa.py --record run.jsonl     # also write the steps as a trace
 
 Writes a synthetic video of moving shapes with OpenCV (into a temporary folder, removed at exit) unless
 ``--video`` is given, samples it at ``--fps``, and runs ``--steps`` agent steps with ``--window`` frames
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=32, help="patch rank m")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     ap.add_argument("--no-reference", action="store_true", help="skip the exact re-prefill reference window")
+    ap.add_argument("--record", default=None, metavar="PATH", help="write each step's window as a JSONL trace (replay: windowkit simulate PATH)")
     args = ap.parse_args(argv)
 
     import torch
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
         model = load_model(args.model)
         model_path = args.model if os.path.isdir(args.model) else None
         agent = LongVideoAgent(model, window=args.window, rank=args.rank, frame_size=(w, h),
-                               reference=not args.no_reference, model_path=model_path)
+                               reference=not args.no_reference, model_path=model_path, record=args.record)
         with tempfile.TemporaryDirectory(prefix="wk-video-") as tmp:
             video = args.video
             if video is None:
@@ -98,14 +100,20 @@ def main(argv=None) -> int:
             tqdm.write(format_step_row(row))
             bar.update(1)
 
-        report = agent.run(frames, plan, question, prompt, on_step=on_step)
+        def on_phase(name):  # progress inside a step: with a real checkpoint one step can take a while
+            bar.set_postfix_str(name, refresh=True)
+
+        report = agent.run(frames, plan, question, prompt, on_step=on_step, on_phase=on_phase)
         bar.close()
     except WindowkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print()
     print(format_summary(report))
-    print(f"\ntotal {time.perf_counter() - t_start:.1f} s (model build, video, {len(plan)} steps on both windows)")
+    print(f"\ntotal {time.perf_counter() - t_start:.1f} s (model build, video, {len(plan)} steps on windowkit"
+          + (", exact and prefix-cache windows)" if not args.no_reference else ")"))
+    if args.record:
+        print(f"trace: {len(report.steps)} steps written to {args.record} (replay: windowkit simulate {args.record})")
     return 0
 
 

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python examples/web_agent_window.py                      # tiny random Qwen2.5-VL
     PYTHONPATH=. .venv/bin/python examples/web_agent_window.py --model /path/to/Qwen2.5-VL-3B-Instruct --steps 12
+    PYTHONPATH=. .venv/bin/python examples/web_agent_window.py --record web.jsonl  # also write the steps as a trace
 
 Draws ``--steps`` synthetic screenshots (header bar, buttons, a coloured box moving per step), and at each
 step admits the new screenshot (evicting the oldest beyond ``--window``), runs the planner
@@ -52,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--form", default="eager", choices=("eager", "lazy"), help="Window form (docs/window.md)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     ap.add_argument("--no-reference", action="store_true", help="skip the exact re-prefill reference window")
+    ap.add_argument("--record", default=None, metavar="PATH", help="write each step's window as a JSONL trace (replay: windowkit simulate PATH)")
     args = ap.parse_args(argv)
 
     import torch
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
         model = load_model(args.model)
         model_path = args.model if os.path.isdir(args.model) else None
         agent = WebAgent(model, window=args.window, viewport=(w, h), rank=args.rank, form=args.form,
-                         reference=not args.no_reference, model_path=model_path)
+                         reference=not args.no_reference, model_path=model_path, record=args.record)
         task, planner, grounder = _prompts(model, model_path)
         shots = [synthetic_screenshot(i, agent.viewport) for i in range(args.steps)]
         n_tok = len(agent.screenshot_chunk(shots[0], 0))
@@ -86,6 +88,8 @@ def main(argv=None) -> int:
     print()
     print(format_summary(report))
     print(f"\ntotal {time.perf_counter() - t_start:.1f} s (model build, screenshots, {args.steps} steps)")
+    if args.record:
+        print(f"trace: {len(report.steps)} steps written to {args.record} (replay: windowkit simulate {args.record})")
     return 0
 
 

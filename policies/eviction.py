@@ -18,14 +18,17 @@ and answers "which key goes next?".
     lru.pin("b"); assert lru.victim() == "a"
 
 Policies: ``LRU`` (default; O(1) per op), ``FIFO``, ``LFU`` and ``SizeAware`` (GreedyDual-Size with
-frequency, GDSF), the last three on a lazy-deletion heap: O(log n) per op, amortised.
+frequency, GDSF), the last three on a lazy-deletion heap: O(log n) per op, amortised; ``Belady`` (offline
+OPT: needs the future uses of every key from an oracle, ``set_future`` / ``advance``; O(n) per victim).
 """
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from typing import Callable, Hashable, Optional, Union
+from typing import Callable, Hashable, Iterable, Mapping, Optional, Union
 
 Key = Hashable
 
@@ -336,13 +339,82 @@ class SizeAware(_HeapPolicy):
         return self._h[key]
 
 
-EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRU, "fifo": FIFO, "lfu": LFU, "size": SizeAware}
+class Belady(EvictionPolicy):
+    """Belady's OPT (offline): evict the key whose next use is farthest in the future (never used again
+    first). The future comes from an oracle: ``set_future({key: [times it is used]})`` and ``advance(now)``
+    as time passes; a use at ``now`` itself counts as upcoming. Ties (e.g. keys never used again, or no
+    future given at all) go least-recently-used first, as in ``LRU`` (an unpin counts as a use).
+
+    Time is whatever the caller counts in: the trace simulator uses step indices and fills the future
+    from the trace (canonical and patch keys of every chunk at every step). O(n) per ``victim``.
+
+        p = Belady({"a": [5], "b": [2]}); p.insert("a", 1); p.insert("b", 1)
+        assert p.victim() == "a"            # a is needed later than b
+        p.advance(3); assert p.victim() == "b"   # b is never needed again
+    """
+
+    name = "belady"
+
+    def __init__(self, future: Optional[Mapping[Key, Iterable[int]]] = None) -> None:
+        super().__init__()
+        self._order: OrderedDict[Key, None] = OrderedDict()  # unpinned keys, least recently used first
+        self._uses: dict[Key, list[int]] = {}
+        self.now = 0
+        if future is not None:
+            self.set_future(future)
+
+    def set_future(self, future: Mapping[Key, Iterable[int]]) -> None:
+        """The times each key will be used (any iterable of ints per key; unknown keys: never again)."""
+        self._uses = {k: sorted(set(int(t) for t in v)) for k, v in future.items()}
+
+    def advance(self, now: int) -> None:
+        """Move the clock: uses before ``now`` are past."""
+        self.now = int(now)
+
+    def next_use(self, key: Key) -> float:
+        """The first use of ``key`` at or after ``now``; ``inf`` if none."""
+        uses = self._uses.get(key)
+        if not uses:
+            return math.inf
+        i = bisect.bisect_left(uses, self.now)
+        return uses[i] if i < len(uses) else math.inf
+
+    def _on_insert(self, key: Key) -> None:
+        self._order[key] = None
+
+    def _on_touch(self, key: Key) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def _on_remove(self, key: Key, evicted: bool) -> None:
+        self._order.pop(key, None)
+
+    def _on_pin(self, key: Key) -> None:
+        self._order.pop(key, None)
+
+    def _on_unpin(self, key: Key) -> None:
+        self._order[key] = None
+
+    def victim(self) -> Optional[Key]:
+        best, far = None, -1.0
+        for k in self._order:  # LRU order: the first of equally far keys wins
+            t = self.next_use(k)
+            if t > far:
+                best, far = k, t
+                if t == math.inf:
+                    break
+        return best
+
+
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRU, "fifo": FIFO, "lfu": LFU, "size": SizeAware,
+                                                      "belady": Belady}
 
 PolicySpec = Union[None, str, EvictionPolicy, type]
 
 
 def make_eviction_policy(spec: PolicySpec = None) -> EvictionPolicy:
-    """A fresh policy from None (LRU), a name ("lru", "lfu", "fifo", "size"), a class, or an empty instance.
+    """A fresh policy from None (LRU), a name ("lru", "lfu", "fifo", "size", "belady"), a class, or an empty
+    instance.
 
         make_eviction_policy("lfu")   # -> LFU()
     """
@@ -362,4 +434,4 @@ def make_eviction_policy(spec: PolicySpec = None) -> EvictionPolicy:
     raise TypeError(f"cannot make an eviction policy from {spec!r}")
 
 
-__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SizeAware", "EVICTION_POLICIES", "make_eviction_policy"]
+__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SizeAware", "Belady", "EVICTION_POLICIES", "make_eviction_policy"]

@@ -1,29 +1,52 @@
 #!/usr/bin/env bash
-# GPU check for the SGLang adapter (issue 8). PREPARED, UNTESTED: written on a CPU-only machine.
+# GPU check for the SGLang adapter (issue 8). PREPARED, NOT YET RUN: written on CPU-only machines; the
+# flags and Engine keyword arguments were checked against the sglang 0.5.23 sources (ServerArgs fields
+# enable_unified_cache_external_linker, unified_cache_external_linker_backend, unified_cache_external_linker_config,
+# page_size, load_format, skip_tokenizer_init, mem_fraction_static; Engine.generate(rid=, cache_salt=)).
 #
-# Needs: one CUDA GPU, sglang==0.5.23 with its full dependencies (CUDA 13), windowkit importable
-# (pip install -e . or PYTHONPATH=.), pytest. No downloads: the model is random weights from a local config.
+# Needs: one CUDA GPU, sglang==0.5.23 with its full dependencies (CUDA 13), windowkit installed as a
+# distribution (pip install --no-deps -e .: SGLang finds the plugin through its entry point), pytest.
+# No downloads: the models are random weights written locally.
 #
 #   bash scripts/gpu_check.sh                  # results in $OUT (default ./gpu_check_out)/gpu_check.json
 #
 # Stages (each independent; a failing stage is recorded and the next one still runs):
-#   0  the CPU adapter tests (tests/test_sglang_adapter.py)
+#   0  the CPU tests (tests/test_sglang_adapter.py, tests/test_sglang_linker.py)
 #   1  kernels: SGLangKVPool writes into device="cuda" pools (SGLang's CUDA store_cache / Triton MLA
 #      kernels) read back bit-identical; SGLang's CUDA rotary kernel (forward_cuda) vs windowkit relocation
 #   2  engine: sglang.Engine on a random-weight Qwen2.5-VL-shaped model (--load-format dummy) runs
 #      [A | B | q] by full prefill (next-token top-k logprobs, TTFT) and again prefix-cached
-#   3  windowkit splice + patch through the linker: SKIPPED until windowkit/backends/sglang/linker.py exists
-#      (then: next-token KL vs stage 2 and the TTFT ratio windowkit / full prefill)
+#   3  windowkit through the linker plugin: a random Qwen2 saved to disk is served by SGLang with
+#      WindowkitLinker (dynamic backend) and run by HFBackend on the same weights; [A | B | q] with the
+#      window [A | B] restored from windowkit KV (exact, blind, rank-32 patch): next-token top-1 and
+#      top-20 KL against SGLang's full prefill, TTFT, and the linker's counters (applied / fallbacks)
+#      read from its stats file; a misaligned plan must fall back (counted) and match full prefill.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_check_out}"
-mkdir -p "$OUT"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)"
 PY="${PYTHON:-python3}"
 unset SGLANG_USE_CPU_ENGINE
 
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu_check: $PY sees no CUDA GPU (torch missing or torch.cuda.is_available() is False); this check needs one." >&2
+    echo "On a CPU-only machine run the CPU tests instead: make test" >&2
+    exit 2
+fi
+if ! "$PY" -c "import sglang, sgl_kernel" 2>/dev/null; then
+    echo "gpu_check: sglang with its CUDA dependencies is not importable (pip install sglang==0.5.23)." >&2
+    exit 2
+fi
+if ! "$PY" -c "import sys; from importlib.metadata import entry_points as e; \
+sys.exit(0 if any(x.name == 'windowkit' for x in e(group='sglang.srt.plugins')) else 1)"; then
+    echo "== installing windowkit (--no-deps -e .) so that SGLang finds its plugin entry point"
+    "$PY" -m pip install -q --no-deps -e . || { echo "gpu_check: pip install -e . failed" >&2; exit 2; }
+fi
+mkdir -p "$OUT"
+
 echo "== stage 0: CPU adapter tests"
-timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_sglang_adapter.py > "$OUT/stage0_pytest.txt" 2>&1
+timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_sglang_adapter.py tests/test_sglang_linker.py \
+    > "$OUT/stage0_pytest.txt" 2>&1
 echo "stage0 rc=$?" | tee "$OUT/stage0_rc.txt"
 tail -3 "$OUT/stage0_pytest.txt"
 
@@ -185,16 +208,113 @@ def _engine():
     raise RuntimeError(f"no engine started: {errors}")
 
 
+def _top(out):
+    """{token_id: logprob} of the first generated position (top-k as SGLang returns it)."""
+    top = out["meta_info"].get("output_top_logprobs") or [[]]
+    return {int(t[1]): float(t[0]) for t in top[0]}
+
+
+def _kl_top(ref, got):
+    """KL(ref || got) over ref's top-k tokens (got's missing tokens floored at its k-th logprob)."""
+    import math
+
+    floor = min(got.values()) if got else -50.0
+    return sum(math.exp(lp) * (lp - got.get(t, floor)) for t, lp in ref.items())
+
+
 @stage("stage3_windowkit_splice")
 def _splice():
-    import importlib.util
+    import sglang as sgl
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    if importlib.util.find_spec("windowkit.backends.sglang.linker") is None:
-        return {"skipped": "windowkit.backends.sglang.linker (the UnifiedCacheLinker plugin) is not built yet; "
-                           "see docs/backends.md, 'Plan: engine integration'"}
-    raise NotImplementedError("linker found: wire it here (launch with --enable-unified-cache-external-linker "
-                              "--unified-cache-external-linker-backend dynamic ...), compare next-token KL "
-                              "against stage2 and report ttft_windowkit / ttft_full_prefill")
+    import windowkit as wk
+    from windowkit.backends.sglang import Segment, SGLangBackend, plan_request
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=32768,
+                      rope_theta=1e6, torch_dtype="bfloat16", tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    for p in model.parameters():  # larger random weights so attention is not uniform
+        p.data.normal_(0, 0.05)
+    d = tempfile.mkdtemp(prefix="wk_qwen2_real_")
+    model.save_pretrained(d)  # SGLang loads these exact weights (safetensors)
+    hf = wk.HFBackend(model.to("cuda").eval())
+    spool = tempfile.mkdtemp(prefix="wk_spool_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    stats_path = os.path.join(OUT, "linker_stats.json")
+    os.environ["SGLANG_PLUGINS"] = "windowkit"  # load only windowkit's plugin (inherited by the schedulers)
+    page = 16
+    engine = sgl.Engine(model_path=d, skip_tokenizer_init=True, page_size=page, mem_fraction_static=0.4,
+                        random_seed=0, log_level="error", dtype="bfloat16",
+                        enable_unified_cache_external_linker=True, unified_cache_external_linker_backend="dynamic",
+                        unified_cache_external_linker_config={
+                            "linker": "WindowkitLinker", "linker_module_path": "windowkit.backends.sglang.linker",
+                            "linker_extra_config": {"model_fingerprint": hf.fingerprint(), "stats_path": stats_path}})
+    sg = SGLangBackend(engine, hf, page_size=page, spool_dir=spool)
+    out = {}
+    try:
+        g = torch.Generator().manual_seed(2)
+        A = torch.randint(100, 30000, (1024,), generator=g)
+        B = torch.randint(100, 30000, (1024,), generator=g)
+        q = torch.randint(100, 30000, (16,), generator=g).tolist()
+        sp = {"max_new_tokens": 1, "temperature": 0.0}
+        gen = dict(return_logprob=True, top_logprobs_num=20)
+
+        def stats():
+            try:
+                with open(stats_path) as f:
+                    return json.load(f)
+            except OSError:
+                return {}
+
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        full = engine.generate(input_ids=A.tolist() + B.tolist() + q, sampling_params=sp, **gen)
+        out["ttft_full_prefill_s"] = time.perf_counter() - t0
+        ref = _top(full)
+        out["top1_full"] = max(ref, key=ref.get)
+        for mode in ("exact", "blind", "patch"):
+            engine.flush_cache()  # no radix hit from an earlier request: the linker must restore the window
+            win = wk.Window(hf, rank=32, mode=mode)
+            win.admit(wk.Chunk.text(A, id="A"))
+            win.admit(wk.Chunk.text(B, id="B"))
+            before = stats()
+            t0 = time.perf_counter()
+            plan, kw = sg.request(win, q, sampling_params=sp, **gen)
+            t1 = time.perf_counter()
+            o = engine.generate(**kw)
+            t2 = time.perf_counter()
+            after = stats()
+            got = _top(o)
+            out[mode] = {"plan_tokens": plan.num_tokens, "cache_salt": plan.cache_salt,
+                         "plan_build_s": t1 - t0, "ttft_engine_s": t2 - t1,
+                         "ttft_ratio_vs_full": (t2 - t1) / out["ttft_full_prefill_s"],
+                         "top1": max(got, key=got.get) if got else None,
+                         "top1_agrees": bool(got) and max(got, key=got.get) == out["top1_full"],
+                         "kl_top20_vs_full": _kl_top(ref, got) if got else None,
+                         "applied_delta": after.get("applied", 0) - before.get("applied", 0),
+                         "tokens_restored_delta": after.get("tokens_restored", 0) - before.get("tokens_restored", 0),
+                         "fallbacks_delta": after.get("fallbacks", 0) - before.get("fallbacks", 0)}
+        # a misaligned plan: refused by the linker, counted, and the answer is SGLang's own prefill
+        engine.flush_cache()
+        win = wk.Window(hf, rank=32, mode="blind")
+        win.admit(wk.Chunk.text(A, id="A"))
+        win.admit(wk.Chunk.text(B, id="B"))
+        before = stats()
+        _, kw = plan_request(win.window_kv(), A.tolist() + B.tolist(), q, page_size=page,
+                             fingerprint=hf.fingerprint(), spool_dir=spool, sampling_params=sp,
+                             segments=[Segment(0, 1000, "exact", "A"), Segment(1000, 2048, "approx", "B")])
+        got = _top(engine.generate(**kw, **gen))
+        after = stats()
+        out["misaligned"] = {"fallbacks_delta": after.get("fallbacks", 0) - before.get("fallbacks", 0),
+                             "reasons": after.get("reasons"), "kl_top20_vs_full": _kl_top(ref, got) if got else None,
+                             "top1_agrees": bool(got) and max(got, key=got.get) == out["top1_full"]}
+        out["linker_stats"] = stats()
+        out["ok_exact_applied"] = out["exact"]["applied_delta"] == 1 and out["exact"]["top1_agrees"]
+        out["ok_fallback_counted"] = out["misaligned"]["fallbacks_delta"] == 1
+    finally:
+        engine.shutdown()
+    return out
 
 
 with open(os.path.join(OUT, "gpu_check.json"), "w") as f:

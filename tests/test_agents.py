@@ -1,5 +1,5 @@
 """The long-video QA agent (agents/): end to end on a tiny Qwen-VL, op counts, recall without re-encode,
-bad video inputs. Light: one tiny model, a 16-frame 48x48 synthetic video, 9 steps."""
+bad video inputs, trace recording. Light: one tiny model, a 16-frame 48x48 synthetic video, 9 steps."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import torch
 
 cv2 = pytest.importorskip("cv2")
 
-from agents.long_video import STAT_FIELDS, LongVideoAgent, Step, format_summary, make_plan  # noqa: E402
+from agents.long_video import STAT_FIELDS, LongVideoAgent, Step, _kl, format_summary, make_plan  # noqa: E402
 from agents.video_io import VideoError, read_frames, write_synthetic_video  # noqa: E402
 from windowkit.errors import ChunkError, WindowkitError  # noqa: E402
 
@@ -33,8 +33,13 @@ def video(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run(model, video):
-    agent = LongVideoAgent(model, window=3, frame_size=(56, 56))
+def trace_path(tmp_path_factory):
+    return tmp_path_factory.mktemp("trace") / "long_video.jsonl"
+
+
+@pytest.fixture(scope="module")
+def run(model, video, trace_path):
+    agent = LongVideoAgent(model, window=3, frame_size=(56, 56), record=trace_path)
     frames = agent.load_video(video, fps=8.0)
     plan = make_plan(len(frames), window=3, steps=9, lookback_at=[8], lookback=(6, 4))  # step 8: frames 2-4, 8
     report = agent.run(frames, plan, QUESTION, PROMPT)
@@ -72,6 +77,7 @@ def test_agent_end_to_end(run):
         assert row.frames == step.frames
         assert len(row.answer) == 4 and len(row.exact_answer) == 4
         assert math.isfinite(row.kl) and row.kl >= 0
+        assert row.pc_ms is not None and row.pc_ms > 0  # the measured prefix-cache baseline ran
     assert report.steps[0].kl < 1e-8  # one frame + question: patch mode holds the exact prefill
     assert agent.win.ids == [f"frame-{i}" for i in plan[-1].frames] + ["question"]
     assert agent.ref.ids == agent.win.ids
@@ -160,3 +166,49 @@ def test_prefix_cache_baseline_counts_from_first_change():
     assert _common_prefix_tokens([a, q], [a, b, q]) == 6  # append before the question: b + q
     assert _common_prefix_tokens([a, b, q], [b, c, q]) == 11  # slide: the head changed, all of it
     assert _common_prefix_tokens([a, b, q], [a, b, q]) == 0
+
+
+def test_recorded_trace_is_the_reported_windows(run, trace_path):
+    from windowkit.trace import read_trace, simulate
+
+    agent, frames, plan, report = run
+    assert agent.recorder is None  # closed when run() returned
+    trace = read_trace(trace_path)
+    assert len(trace) == len(report.steps) == 9  # one line per step, written once
+    frame_tokens = 4 + 2  # 56x56 -> a 4x4 patch grid -> 4 merged image tokens + vision start/end
+    for st, row in zip(trace, report.steps):
+        assert st.step == row.index and st.ordered and st.query_tokens == len(PROMPT)
+        assert st.ids == [f"frame-{i}" for i in row.frames] + ["question"]
+        assert [(c.tokens, c.kind) for c in st.context] == [(frame_tokens, "image")] * len(row.frames) + \
+            [(len(QUESTION), "text")]
+        assert st.tokens == row.window_tokens
+    assert trace.steps[8].ids == ["frame-2", "frame-3", "frame-4", "frame-8", "question"]  # the look-back
+    # the simulator replays it; full recompute prefills every window plus the prompt, every step:
+    # steps 0-2 hold 1, 2, 3 frames, steps 3-8 hold 3 frames except the look-back (4): 6*frames + 6 + 2 each
+    res = simulate(trace, "cpu-tiny", strategies=["recompute", "radix", "windowkit"])
+    n_frames = [1, 2, 3, 3, 3, 3, 3, 3, 4]
+    assert res.totals("recompute")["prefill_tokens"] == sum(6 * n + 6 + 2 for n in n_frames) == 222
+    assert res.totals("windowkit")["prefill_tokens"] < res.totals("recompute")["prefill_tokens"]
+    assert res.summary()["steps"] == 9 and "windowkit/radix" in res.summary()["ratios"]
+
+
+def test_prefix_cache_baseline_is_exact_and_reuses_only_the_prefix(model, video):
+    from agents.long_video import PrefixCache
+    from windowkit.backends.hf import HFBackend
+    from windowkit.chunk import Chunk
+    from windowkit.window import Window
+
+    agent = LongVideoAgent(model, window=2, frame_size=(56, 56), reference=False)
+    f = agent.load_video(video, fps=8.0, max_frames=3)
+    q = Chunk.text(torch.tensor(QUESTION), id="question")
+    pc, ref = PrefixCache(HFBackend(model)), Window(HFBackend(model), mode="exact")
+    prompt = torch.tensor(PROMPT)
+    windows = [[f[0], q], [f[0], f[1], q], [f[1], f[2], q], [f[1], f[2], q]]
+    prefilled = []
+    for w in windows:
+        logits = pc.step(w, prompt)
+        ref.assign(w)
+        assert _kl(ref.forward(prompt), logits) < 1e-9  # a prefix cache is exact
+        prefilled.append(pc.last_prefill_tokens)
+    # 6-token frames, 6-token question: all; f1 + q behind the kept f0; the head changed: all; nothing changed
+    assert prefilled == [12, 12, 18, 0]

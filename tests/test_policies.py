@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import EVICTION_POLICIES, FIFO, LFU, LRU, EvictionPolicy, SizeAware, make_eviction_policy
+from policies import EVICTION_POLICIES, FIFO, LFU, LRU, Belady, EvictionPolicy, SizeAware, make_eviction_policy
 
 
 def fill(p: EvictionPolicy, *items: tuple[str, int]) -> EvictionPolicy:
@@ -191,14 +191,15 @@ class Reference:
     def unpin(self, k: str) -> None:
         if k in self.pinned:
             self.pinned.discard(k)
-            if self.name == "lru":  # LRU: the release counts as a use
+            if self.name in ("lru", "belady"):  # LRU: the release counts as a use
                 self.last[k] = self._tick()
 
     def victim(self):
         cands = [k for k in self.size if k not in self.pinned]
         if not cands:
             return None
-        key = {"lru": lambda k: self.last[k], "fifo": lambda k: self.born[k],
+        # belady without a future: every key is "never used again", ties least-recently-used first = LRU
+        key = {"lru": lambda k: self.last[k], "belady": lambda k: self.last[k], "fifo": lambda k: self.born[k],
                "lfu": lambda k: (self.hits[k], self.last[k]), "size": lambda k: (self.h[k], self.last[k])}[self.name]
         return min(cands, key=key)
 
@@ -233,3 +234,47 @@ def test_matches_reference(name: str, ops) -> None:
         assert p.victim() == ref.victim()
         assert len(p) == len(ref.size) and p.nbytes == sum(ref.size.values())
         assert p.pinned == ref.pinned
+
+
+# -------------------------------------------------------------------- Belady (offline OPT)
+def test_belady_farthest_next_use_first() -> None:
+    # uses: a at 1 and 6, b at 3, c at 2 and 4, d never again
+    p = fill(Belady({"a": [1, 6], "b": [3], "c": [2, 4]}), ("a", 1), ("b", 1), ("c", 1), ("d", 1))
+    assert p.victim() == "d"  # never used again goes first
+    p.remove("d", evicted=True)
+    p.advance(1)  # next uses now: a 1, b 3, c 2 -> b farthest
+    assert p.victim() == "b" and p.next_use("a") == 1
+    p.advance(2)  # a 6, b 3, c 2 -> a
+    assert p.victim() == "a"
+    p.pin("a")
+    assert p.victim() == "b"
+    p.advance(5)  # b and c are never used again (tie: least recently used first = b, inserted before c)
+    assert p.next_use("b") == float("inf") and p.victim() == "b"
+    p.touch("b")  # now c is the least recently used of the two
+    assert p.victim() == "c"
+
+
+def test_belady_misses_on_a_paging_sequence() -> None:
+    # capacity 2 pages, requests A B C A B C A: hand count (a hit touches, a miss inserts and evicts the victim)
+    #   LRU: every request misses (7).  OPT: A B C(evict B: next use 4 > A's 3) A(hit) B(evict A: next 6 > C's 5)
+    #   C(hit) A(evict B or C, both never again) -> misses A B C B A = 5
+    seq = "ABCABCA"
+
+    def misses(p, oracle: bool) -> int:
+        if oracle:
+            p.set_future({k: [t for t, x in enumerate(seq) if x == k] for k in set(seq)})
+        n = 0
+        for t, k in enumerate(seq):
+            if oracle:
+                p.advance(t)
+            if k in p:
+                p.touch(k)
+                continue
+            n += 1
+            if len(p) == 2:
+                p.remove(p.victim(), evicted=True)
+            p.insert(k, 1)
+        return n
+
+    assert misses(LRU(), False) == 7
+    assert misses(Belady(), True) == 5

@@ -43,8 +43,13 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def run(model):
-    agent = WebAgent(model, window=WINDOW, max_new_tokens=2)
+def trace_path(tmp_path_factory):
+    return tmp_path_factory.mktemp("trace") / "web.jsonl"
+
+
+@pytest.fixture(scope="module")
+def run(model, trace_path):
+    agent = WebAgent(model, window=WINDOW, max_new_tokens=2, record=str(trace_path))
     shots = [synthetic_screenshot(i, agent.viewport) for i in range(STEPS)]
     task, planner, grounder = _prompts()
     report = agent.run(shots, task, planner, grounder)
@@ -159,3 +164,21 @@ def test_example_runs(capsys):
     assert "extra encodes / vision calls for the grounder | 0 / 0" in out
     # form="lazy": one forward of the new screenshot's tokens per step (26 each), the task once (16)
     assert "prefill tokens: windowkit / prefix cache / exact re-prefill | 68 / 68 / 110" in out
+
+
+def test_recorded_trace_is_the_reported_windows(run, trace_path):
+    from windowkit.trace import read_trace, simulate
+
+    agent, report, shots = run
+    trace = read_trace(trace_path)
+    assert agent.recorder is None and len(trace) == STEPS
+    shot_tokens = (168 // 28) * (112 // 28) + 2  # a 6x4 merged grid + vision start/end
+    for st, row in zip(trace, report.steps):
+        assert st.step == row.index and st.ids == ["task"] + row.screenshots
+        assert st.query_tokens == 3 + 2  # planner + grounder prompts
+        held = len(row.screenshots)
+        assert [(c.tokens, c.kind) for c in st.context] == [(16, "text")] + [(shot_tokens, "image")] * held
+    assert trace.steps[-1].ids == ["task", "shot-2", "shot-3", "shot-4"]
+    res = simulate(trace, "cpu-tiny", strategies=["recompute", "windowkit"])
+    # recompute: task + held screenshots + both prompts every step; steps hold 1, 2, 3, 3, 3 screenshots
+    assert res.totals("recompute")["prefill_tokens"] == sum(16 + 26 * n + 5 for n in (1, 2, 3, 3, 3)) == 417

@@ -22,6 +22,10 @@ def __getattr__(name: str):  # heavy parts load on first use: `import windowkit`
         from windowkit.window import Window
 
         return Window
+    if name == "SGLangBackend":  # the module imports no sglang; the engine starts only in launch()
+        from windowkit.backends.sglang.backend import SGLangBackend
+
+        return SGLangBackend
     if name == "ChunkStore":
         from windowkit.store import ChunkStore
 
@@ -29,6 +33,6 @@ def __getattr__(name: str):  # heavy parts load on first use: `import windowkit`
     raise AttributeError(f"module 'windowkit' has no attribute {name!r}")
 
 
-__all__ = ["Chunk", "HFBackend", "Window", "ChunkStore", "WindowkitError", "UnsupportedModelError",
+__all__ = ["Chunk", "HFBackend", "SGLangBackend", "Window", "ChunkStore", "WindowkitError", "UnsupportedModelError",
            "ChunkNotFoundError", "StoreCorruptError", "ModelMismatchError", "TraceFormatError", "ChunkError",
            "KVShapeError", "__version__"]

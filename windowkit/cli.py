@@ -1,7 +1,10 @@
-"""Command line: ``windowkit verify`` (fidelity table) and ``windowkit bench kv`` (operator benchmark).
+"""Command line: ``windowkit verify`` (fidelity table), ``windowkit bench kv`` (operator benchmark),
+``windowkit simulate`` (trace replay and report) and ``windowkit calibrate`` (cost profile of this machine).
 
     windowkit verify --model tiny-llama
     windowkit bench kv --quick --json bench/results/kv_quick.json
+    windowkit simulate videotree:50 --profile cpu-tiny --out report/
+    windowkit calibrate --out windowkit-profile.json
 """
 from __future__ import annotations
 
@@ -15,7 +18,12 @@ USAGE = """usage: windowkit <command> [options]
 commands:
   verify      fidelity table per model (relocation error, KL to re-prefill, eta, patch bytes)
   bench kv    KV operator benchmark (reuse vs re-prefill, forming cost, break-even, bandwidth)
-  simulate    replay an access trace through reuse strategies (recompute, radix, blind, blend, windowkit)
+  simulate    replay an access trace through reuse strategies (recompute, radix, blind, blend, windowkit);
+              --out DIR writes summary.json, PNG plots and a self-contained report.html
+  calibrate   measure a cost profile on this machine (--out PATH, default ./windowkit-profile.json);
+              use it with `windowkit simulate TRACE --profile PATH`
+
+`windowkit <command> --help` lists a command's options.
 """
 
 
@@ -34,6 +42,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from windowkit.trace.simulate import main as simulate_main
 
             return int(simulate_main(rest) or 0)
+        if cmd == "calibrate":
+            from windowkit.trace.calibrate import main as calibrate_main
+
+            return int(calibrate_main(rest) or 0)
         if cmd == "bench":
             if not rest or rest[0] != "kv":
                 print("usage: windowkit bench kv [--quick] [--json PATH]", file=sys.stderr)

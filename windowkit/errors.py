@@ -30,6 +30,15 @@ class StoreCorruptError(WindowkitError):
     """A stored entry failed its checksum or was truncated; it is dropped, never served."""
 
 
+class SharedStoreError(WindowkitError):
+    """A shared store tier (e.g. Mooncake) could not answer: ``reason`` is "unavailable", "timeout", "full",
+    "missing" (listed but unreadable) or "error". ``ChunkStore`` counts it and treats the call as a miss."""
+
+    def __init__(self, message: str, reason: str = "error") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class ModelMismatchError(WindowkitError):
     """KV or a store was produced by a different model than the one in use."""
 
@@ -51,6 +60,7 @@ __all__ = [
     "UnsupportedModelError",
     "ChunkNotFoundError",
     "StoreCorruptError",
+    "SharedStoreError",
     "ModelMismatchError",
     "TraceFormatError",
     "ChunkError",

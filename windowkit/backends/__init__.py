@@ -1,4 +1,4 @@
-"""Backends: the transformers reference backend (and, later, the SGLang adapter and a cost model)."""
+"""Backends: the transformers reference backend, the SGLang adapter (windowkit.backends.sglang) and a cost model."""
 from windowkit.backends.base import Backend, BackendStats, ForwardResult
 from windowkit.backends.hf import HFBackend
 

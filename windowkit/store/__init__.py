@@ -11,9 +11,13 @@
 Layering: imports ``windowkit.kv``, ``windowkit.errors`` and ``policies.eviction`` only.
 Cold tier (off by default): ``ChunkStore(..., cold=ColdTierConfig(rank=16))`` stores canonicals under
 budget pressure (or on ``store.compress(key)``) as exact edge rows + low-rank factors; see docs/store.md.
+Shared tier (off by default): ``ChunkStore(..., shared=EmbeddedBackend())`` or ``shared=MooncakeBackend(...)``
+(``windowkit.store.mooncake``, imported lazily: Mooncake is an optional dependency) is read after the local
+tiers and written through on put, so several processes reuse each other's canonicals and patches.
 """
+from windowkit.store.backend import EmbeddedBackend, StoreBackend
 from windowkit.store.cold import ColdTierConfig
 from windowkit.store.keys import chunk_key, context_hash, context_root, context_step, orbit_context_hash
 from windowkit.store.store import ChunkStore, StoreStats
 
-__all__ = ["context_root", "context_step", "ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "context_hash", "orbit_context_hash"]
+__all__ = ["EmbeddedBackend", "StoreBackend", "context_root", "context_step", "ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "context_hash", "orbit_context_hash"]

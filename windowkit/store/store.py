@@ -25,6 +25,11 @@ budget held by pinned entries) is refused before anything is evicted: it returns
 as it was and counts ``stats.rejected`` with a reason. A cache must be ready for misses anyway, so a
 refused put is just an entry evicted at once, not an error.
 
+Shared tier (off by default): ``shared=`` a ``StoreBackend`` (e.g. ``MooncakeBackend``; "mooncake" builds one
+from ``WINDOWKIT_MOONCAKE_*`` variables) is consulted after the local tiers and written through on every put,
+so other processes reuse what this one computed. Any fault there (server gone, timeout, a value failing its
+sha256) is a counted miss (``stats.shared_fallbacks``), never an error and never a wrong value.
+
 Corruption: a disk entry whose size, sha256 or header does not check out is dropped (file and index
 row) and counted in ``stats.corrupt_dropped``; then ``on_corrupt="raise"`` (default) raises
 ``StoreCorruptError`` and ``on_corrupt="miss"`` treats the read as a miss. Either way it is never served,
@@ -39,14 +44,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, Literal, Optional
 
 import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from policies.eviction import LRU, EvictionPolicy, PolicySpec, make_eviction_policy
-from windowkit.errors import ChunkNotFoundError, KVShapeError, StoreCorruptError, WindowkitError
+from windowkit.errors import ChunkNotFoundError, KVShapeError, SharedStoreError, StoreCorruptError, WindowkitError
 from windowkit.kv.layout import ChunkKV, KVLayout
 from windowkit.kv.patch import Patch
 from windowkit.store import cold as _cold
 from windowkit.store.cold import ColdTierConfig
-from windowkit.store.disk import CorruptEntry, DiskTier, EntryId, Row
+from windowkit.store.backend import StoreBackend
+from windowkit.store.disk import CorruptEntry, DiskTier, EntryId, Row, _header_metadata, layout_from_json, layout_to_json
 from windowkit.store.keys import chunk_key
 
 CANONICAL, PATCH = "c", "p"
@@ -74,6 +82,13 @@ class StoreStats:
     disk_bytes_written: int = 0
     cold_compressed: int = 0  # canonicals turned cold (compress() or budget pressure with a cold tier)
     cold_bytes_saved: int = 0  # sum over those of exact bytes - cold bytes (see also ChunkStore.cold_stats())
+    # shared tier (``shared=``; all zero without one)
+    shared_hits: int = 0  # local misses served by the shared tier (then kept locally)
+    shared_misses: int = 0  # local misses the shared tier did not have either
+    shared_puts: int = 0  # entries written through to the shared tier
+    shared_fallbacks: int = 0  # shared-tier calls that failed and were treated as misses / skipped writes
+    shared_fallback_reasons: dict[str, int] = field(default_factory=dict)  # unavailable|timeout|corrupt|missing|full|layout|error
+    shared_bytes_read: int = 0  # payload bytes served by the shared tier
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -105,6 +120,9 @@ class ChunkStore:
         layout: the ``KVLayout`` every entry must have; None takes the stored one or the first put's.
         memory_budget_bytes: with ``path``, bound of the memory cache (default: ``budget_bytes``; 0: off).
         on_corrupt: "raise" (``StoreCorruptError``) or "miss", after dropping a corrupt disk entry.
+        shared: a ``StoreBackend`` consulted after the local tiers and written through on put (default None:
+            no shared tier), or "mooncake" for ``MooncakeBackend.from_env()`` (then owned: closed by ``close``).
+            Its namespace is set to ``model_fingerprint`` if unset. Faults there are counted misses.
         cold: a ``ColdTierConfig`` turns the compressed cold tier on (default None: off, every entry exact).
             Then a put that needs room compresses the policy's victim instead of evicting it when that
             victim is an exact canonical that compresses (see docs/store.md, "Cold tier"); ``compress(key)``
@@ -120,7 +138,8 @@ class ChunkStore:
     def __init__(self, path: str | os.PathLike | None = None, budget_bytes: Optional[int] = None,
                  policy: PolicySpec = None, model_fingerprint: Optional[str] = None,
                  layout: Optional[KVLayout] = None, *, memory_budget_bytes: Optional[int] = None,
-                 on_corrupt: Literal["raise", "miss"] = "raise", cold: Optional[ColdTierConfig] = None) -> None:
+                 on_corrupt: Literal["raise", "miss"] = "raise", cold: Optional[ColdTierConfig] = None,
+                 shared: "StoreBackend | str | None" = None) -> None:
         if budget_bytes is not None and budget_bytes < 0:
             raise WindowkitError(f"budget_bytes must be >= 0 or None, got {budget_bytes}")
         if memory_budget_bytes is not None and (path is None or memory_budget_bytes < 0):
@@ -159,6 +178,10 @@ class ChunkStore:
                 self._add_entry(row.eid, _Entry(row.nbytes, row.meta, row))
             if budget_bytes is not None:  # reopened with a smaller budget: shrink now
                 self._make_room(0, budget_bytes)
+        self.shared: Optional[StoreBackend] = None
+        self._owns_shared = False
+        if shared is not None:
+            self._attach_shared(shared)
 
     # ---------------------------------------------------------------- facts
     @property
@@ -214,10 +237,13 @@ class ChunkStore:
             return sorted(ctx for kind, _, ctx in self._by_key.get(key, ()) if kind == PATCH)
 
     def has_canonical(self, key: str) -> bool:
-        return (CANONICAL, key, "") in self._entries
+        """Local tiers, then the shared tier (if any; a fault there counts and answers False)."""
+        eid = (CANONICAL, key, "")
+        return eid in self._entries or self._shared_exists(eid)
 
     def has_patch(self, key: str, ctx: str) -> bool:
-        return (PATCH, key, ctx) in self._entries
+        eid = (PATCH, key, ctx)
+        return eid in self._entries or self._shared_exists(eid)
 
     def meta(self, key: str, ctx: Optional[str] = None) -> dict:
         """The ``meta`` given at put time (a copy); ChunkNotFoundError if absent."""
@@ -256,11 +282,14 @@ class ChunkStore:
         return self._put(_eid(key, ctx), tensors, pmeta, meta)
 
     def _put(self, eid: EntryId, tensors: Tensors, patch_meta: Optional[dict[str, str]],
-             meta: Optional[dict]) -> bool:
+             meta: Optional[dict], write_through: bool = True) -> bool:
         meta = _check_meta(meta)
         # a private copy: the caller may edit its tensors in place later (the store is content-addressed)
         tensors = {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())  # KV + positions, if any
+        if write_through and self.shared is not None:  # outside the lock: a network call
+            self._check_open()
+            self._shared_put(eid, tensors, patch_meta, meta, nbytes)
         with self._lock:
             self._check_open()
             budget = self.budget_bytes
@@ -305,6 +334,11 @@ class ChunkStore:
         return self._get(_eid(key, ctx), device, copy)  # type: ignore[return-value]
 
     def _get(self, eid: EntryId, device, copy: bool) -> ChunkKV | Patch | None:
+        if self.shared is not None and eid not in self._entries:
+            obj = self._shared_get(eid)  # outside the lock; kept locally on a hit
+            if obj is None:
+                return None
+            return obj if device is None else obj.to(device=device)  # fresh tensors: nothing to clone
         with self._lock:
             self._check_open()
             e = self._entries.get(eid)
@@ -502,11 +536,138 @@ class ChunkStore:
         return dropped
 
     def close(self) -> None:
-        """Release the disk tier (index connection and lock); later puts and gets raise WindowkitError."""
+        """Release the disk tier (index connection and lock); later puts and gets raise WindowkitError.
+        A shared backend built from ``shared="mooncake"`` is closed too; one passed in is the caller's."""
         with self._lock:
             if self._disk is not None:
                 self._disk.close()
+            if self._owns_shared and self.shared is not None:
+                self.shared.close()
             self._closed = True
+
+    # ---------------------------------------------------------------- shared tier
+    def _attach_shared(self, shared: "StoreBackend | str") -> None:
+        if isinstance(shared, str):
+            if shared != "mooncake":
+                raise WindowkitError(f"shared must be a StoreBackend, 'mooncake' or None, got {shared!r}")
+            from windowkit.store.mooncake import MooncakeBackend  # lazy: mooncake is an optional dependency
+
+            shared = MooncakeBackend.from_env(namespace=self._model_fingerprint)
+            self._owns_shared = True
+        if not isinstance(shared, StoreBackend):
+            raise WindowkitError(f"shared must implement StoreBackend, got {type(shared).__name__}")
+        if shared.namespace is None:
+            shared.namespace = self._model_fingerprint
+        elif self._model_fingerprint is not None and shared.namespace != self._model_fingerprint:
+            from windowkit.errors import ModelMismatchError
+
+            raise ModelMismatchError(f"shared backend namespace {shared.namespace!r} is not this store's model "
+                                     f"{self._model_fingerprint!r}")
+        self.shared = shared
+
+    @staticmethod
+    def _shared_key(eid: EntryId) -> str:
+        return f"{eid[0]}/{eid[1]}/{eid[2]}"
+
+    def _shared_fault(self, reason: str) -> None:
+        with self._lock:
+            self.stats.shared_fallbacks += 1
+            r = self.stats.shared_fallback_reasons
+            r[reason] = r.get(reason, 0) + 1
+
+    def _shared_exists(self, eid: EntryId) -> bool:
+        if self.shared is None:
+            return False
+        try:
+            return bool(self.shared.exists(self._shared_key(eid)))
+        except SharedStoreError as err:
+            self._shared_fault(err.reason)
+            return False
+
+    def _shared_put(self, eid: EntryId, tensors: Tensors, patch_meta: Optional[dict[str, str]], meta: dict,
+                    nbytes: int) -> None:
+        """Write one entry through: safetensors bytes (header names the entry) + JSON meta. Faults only count."""
+        kind, key, ctx = eid
+        ident = {"format": "windowkit-shared/1", "kind": kind, "key": key, "ctx": ctx,
+                 "model_fingerprint": self._model_fingerprint or ""}
+        header = {**{_PATCH_PREFIX + k: v for k, v in (patch_meta or {}).items()}, **ident}
+        data = st_save({k: t.detach().to("cpu") for k, t in tensors.items()}, metadata=header)
+        smeta = {**ident, "nbytes": nbytes, "meta": meta, "layout": layout_to_json(self._layout) if self._layout else None}
+        try:
+            self.shared.put(self._shared_key(eid), data, smeta)  # type: ignore[union-attr]
+        except SharedStoreError as err:
+            self._shared_fault(err.reason)
+            return
+        with self._lock:
+            self.stats.shared_puts += 1
+
+    def _shared_get(self, eid: EntryId) -> ChunkKV | Patch | None:
+        """A local miss: read the shared tier, check the entry is the one asked for, keep it locally.
+        None on a miss or any fault (counted); a value that fails a check is never returned."""
+        self._check_open()
+        try:
+            got = self.shared.get(self._shared_key(eid))  # type: ignore[union-attr]
+        except StoreCorruptError:
+            got, reason = None, "corrupt"  # the backend removed it
+        except SharedStoreError as err:
+            got, reason = None, err.reason
+        else:
+            reason = None
+        if got is None and reason is None:
+            with self._lock:
+                self.stats.misses += 1
+                self.stats.shared_misses += 1
+            return None
+        obj = None
+        if got is not None:
+            data, smeta = got
+            try:
+                if self._layout is None and smeta.get("layout"):  # an empty store adopts the writer's layout
+                    self._check_layout(layout_from_json(smeta["layout"]), "shared entry")
+                obj, payload = self._shared_decode(eid, data, smeta)
+            except KVShapeError:  # a store of another layout: the value may be fine for others, keep it
+                reason = "layout"
+            except CorruptEntry:  # checksum passed but the content is not this entry: nobody should read it
+                reason = "corrupt"
+                try:
+                    self.shared.remove(self._shared_key(eid))  # type: ignore[union-attr]
+                except SharedStoreError:
+                    pass
+        if obj is None:
+            self._shared_fault(reason or "error")
+            with self._lock:
+                self.stats.misses += 1
+            return None
+        assert got is not None
+        smeta = got[1]
+        # keep it locally (budget permitting; a refusal just means the next get reads the shared tier again)
+        self._put(eid, payload.tensors, payload.patch_meta, smeta.get("meta") or {}, write_through=False)
+        with self._lock:
+            self.stats.hits += 1
+            self.stats.shared_hits += 1
+            self.stats.shared_bytes_read += int(smeta.get("nbytes") or 0)
+            self.stats.bytes_read += int(smeta.get("nbytes") or 0)
+        return obj
+
+    def _shared_decode(self, eid: EntryId, data: bytes, smeta: dict) -> tuple[ChunkKV | Patch, _Payload]:
+        """The object in a shared value, after checking it names ``eid`` and this model; ``CorruptEntry`` if not."""
+        kind, key, ctx = eid
+        if (smeta.get("kind"), smeta.get("key"), smeta.get("ctx")) != (kind, key, ctx) or \
+                smeta.get("model_fingerprint") != (self._model_fingerprint or ""):
+            raise CorruptEntry("shared value names another entry or model")
+        header = _header_metadata(data)
+        if (header.get("kind"), header.get("key"), header.get("ctx")) != (kind, key, ctx):
+            raise CorruptEntry("safetensors header names another entry")
+        try:
+            tensors = st_load(data)
+        except Exception as e:  # safetensors raises its own error types
+            raise CorruptEntry(f"unreadable safetensors: {e}") from None
+        pm = {k[len(_PATCH_PREFIX):]: v for k, v in header.items() if k.startswith(_PATCH_PREFIX)}
+        payload = _Payload(tensors, pm if kind == PATCH else None)
+        try:
+            return self._build(eid, payload), payload
+        except (KeyError, ValueError, TypeError) as e:  # tensors missing or of the wrong shape: not our entry
+            raise CorruptEntry(f"shared value does not rebuild: {e}") from None
 
     def __enter__(self) -> "ChunkStore":
         return self

@@ -11,6 +11,10 @@
 
 Every generator takes ``seed`` and returns a Trace whose ``meta`` records its parameters.
 
+Unordered variants (``ordered: false`` steps, same listed order; a placement policy may choose another):
+``grow_interleave(ordered=False)`` ("grow-interleave-set"), ``grow_interleave_set_small`` (at most 7 chunks a
+step, for the exact offline placement search) and ``random_lookback(ordered=False)`` ("random-lookback-set").
+
     trace = sliding_window(steps=100, k=3, seed=0)
 """
 from __future__ import annotations
@@ -51,12 +55,16 @@ def sliding_window(steps: int = 100, k: int = 3, *, shot_tokens: int = 765, task
 
 def grow_interleave(episodes: int = 50, *, video_frames: int = 180, start_frames: int = 5, rounds: int = 2,
                     add_per_round: tuple[int, int] = (0, 3), frame_tokens: int = 256, question_tokens: int = 48,
-                    query_tokens: int = 16, seed: int = 0) -> Trace:
+                    query_tokens: int = 16, seed: int = 0, ordered: bool = True) -> Trace:
     """VideoAgent: per question, 5 uniform frames, then ``rounds`` retrieval rounds adding
     ``add_per_round`` frames each (uniform; 0 ends the search early); every step re-sends all selected
     frames sorted by time, then the question.
 
+    ``ordered=False`` marks every step as a set (listed in the same time-sorted order): VideoAgent
+    selects *which* frames to look at; each frame carries its timestamp, so any order is acceptable.
+
         t = grow_interleave(episodes=10)
+        t = grow_interleave(episodes=10, ordered=False)   # name "grow-interleave-set"
     """
     rng = random.Random(seed)
     out: list[Step] = []
@@ -71,10 +79,11 @@ def grow_interleave(episodes: int = 50, *, video_frames: int = 180, start_frames
                 free = [f for f in range(video_frames) if f not in sel]
                 sel = sorted(sel + rng.sample(free, min(n_add, len(free))))
             ctx = [ChunkRef(id=f"v{ep}/f{f:03d}", tokens=frame_tokens, kind="video") for f in sel]
-            out.append(Step(step=len(out), context=ctx + [q], query_tokens=query_tokens))
-    return Trace(out, name="grow-interleave", meta={"generator": "grow_interleave", "episodes": episodes,
-                                                    "start_frames": start_frames, "rounds": rounds,
-                                                    "frame_tokens": frame_tokens, "seed": seed})
+            out.append(Step(step=len(out), context=ctx + [q], query_tokens=query_tokens, ordered=ordered))
+    return Trace(out, name="grow-interleave" + ("" if ordered else "-set"),
+                 meta={"generator": "grow_interleave", "episodes": episodes, "start_frames": start_frames,
+                       "rounds": rounds, "add_per_round": list(add_per_round), "frame_tokens": frame_tokens,
+                       "seed": seed, "ordered": ordered})
 
 
 def append_zoom(episodes: int = 50, *, fast_chunks: int = 8, fast_tokens: int = 1024, zooms: tuple[int, int] = (1, 3),
@@ -98,12 +107,16 @@ def append_zoom(episodes: int = 50, *, fast_chunks: int = 8, fast_tokens: int = 
 
 def random_lookback(steps: int = 100, *, p: float = 0.3, shot_tokens: int = 765, caption_tokens: int = 48,
                     task_tokens: int = 64, episode_len: tuple[int, int] = (8, 20), query_tokens: int = 32,
-                    seed: int = 0, max_captions: Optional[int] = None) -> Trace:
+                    seed: int = 0, max_captions: Optional[int] = None, ordered: bool = True) -> Trace:
     """PAL-UI: step t holds [task, caption_0..caption_{t-1}, shot_t] and, with probability ``p``,
     a random earlier raw screenshot shot_j (j < t) appended at the tail. Episodes of 8-20 steps
     (GUI-Odyssey averages 15.3). ``max_captions`` keeps only the last captions (None: all).
 
+    ``ordered=False`` marks every step as a set (same listed order): each caption and screenshot is
+    labelled with its step number, so the agent's prompt stays readable in any order.
+
         t = random_lookback(steps=100, p=0.3)
+        t = random_lookback(steps=100, ordered=False)   # name "random-lookback-set"
     """
     rng = random.Random(seed)
     out: list[Step] = []
@@ -117,13 +130,39 @@ def random_lookback(steps: int = 100, *, p: float = 0.3, shot_tokens: int = 765,
             ctx = [task] + caps + [_img(f"u{ep}/shot{t}", shot_tokens)]
             if t > 0 and rng.random() < p:
                 ctx.append(_img(f"u{ep}/shot{rng.randrange(t)}", shot_tokens))
-            out.append(Step(step=len(out), context=ctx, query_tokens=query_tokens))
+            out.append(Step(step=len(out), context=ctx, query_tokens=query_tokens, ordered=ordered))
         ep += 1
-    return Trace(out, name="random-lookback", meta={"generator": "random_lookback", "p": p, "episodes": ep,
-                                                    "shot_tokens": shot_tokens, "seed": seed})
+    return Trace(out, name="random-lookback" + ("" if ordered else "-set"),
+                 meta={"generator": "random_lookback", "p": p, "episodes": ep, "shot_tokens": shot_tokens,
+                       "seed": seed, "ordered": ordered})
+
+
+def grow_interleave_set(episodes: int = 50, **kw) -> Trace:
+    """``grow_interleave(ordered=False)``: the frame selection as a set (see grow_interleave)."""
+    return grow_interleave(episodes, ordered=False, **kw)
+
+
+def grow_interleave_set_small(episodes: int = 50, **kw) -> Trace:
+    """Unordered grow-interleave with at most 7 chunks a step (2 start frames, 2 rounds of 0-2 frames,
+    the question): small enough for ``policies.placement.OfflineOptimal``'s exact search.
+
+        t = grow_interleave_set_small(episodes=20)   # name "grow-interleave-set-small"
+    """
+    kw = {"start_frames": 2, "add_per_round": (0, 2), **kw}
+    t = grow_interleave(episodes, ordered=False, **kw)
+    return Trace(t.steps, name="grow-interleave-set-small", meta=t.meta)
+
+
+def random_lookback_set(steps: int = 100, **kw) -> Trace:
+    """``random_lookback(ordered=False)``: the screenshot history as a set (see random_lookback)."""
+    return random_lookback(steps, ordered=False, **kw)
 
 
 GENERATORS = {"sliding-3": sliding_window, "grow-interleave": grow_interleave, "append-zoom": append_zoom,
-              "random-lookback": random_lookback}
+              "random-lookback": random_lookback,
+              # unordered variants (``ordered: false`` steps; a placement policy chooses the order)
+              "grow-interleave-set": grow_interleave_set, "grow-interleave-set-small": grow_interleave_set_small,
+              "random-lookback-set": random_lookback_set}
 
-__all__ = ["sliding_window", "grow_interleave", "append_zoom", "random_lookback", "GENERATORS"]
+__all__ = ["sliding_window", "grow_interleave", "append_zoom", "random_lookback", "grow_interleave_set",
+           "grow_interleave_set_small", "random_lookback_set", "GENERATORS"]

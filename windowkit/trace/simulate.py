@@ -23,6 +23,11 @@ encodes eagerly; ``ratios["windowkit_bg_encode/..."]`` show the cost were they d
     res = simulate(sliding_window(steps=50), "h100-kamera")
     res.summary()["ratios"]            # {"windowkit/radix": ..., "windowkit/recompute": ...}
     print(res.table())
+
+Options: ``placement=`` orders the ``ordered: false`` steps (``policies.placement``: listed, arrival, greedy,
+orbit, optimal; ``compare_placements`` runs several), ``store_budget_bytes=`` / ``store_policy=`` bound windowkit's
+store (lru, size/gds, belady: an offline oracle filled from the trace by ``store_future``), ``refresh=`` re-conditions
+drifted survivors (``policies.refresh``).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from windowkit.chunk import Chunk
+from windowkit.errors import WindowkitError
 from windowkit.store import ChunkStore
 from windowkit.trace.backend import CostModelBackend
 from windowkit.trace.costs import CostProfile, load_profile
@@ -82,13 +88,17 @@ def _totals(costs: Sequence[StepCost]) -> dict:
 
 # ====================================================================== strategies
 class Strategy:
-    """Base: ``reset(profile)`` before a run, then ``step(step, ctx)`` per step (ctx: resolved order)."""
+    """Base: ``reset(profile)`` before a run, ``prepare(steps, orders)`` (offline strategies read the
+    resolved trace there; a no-op by default), then ``step(step, ctx)`` per step (ctx: resolved order)."""
 
     name = "strategy"
 
     def reset(self, profile: CostProfile) -> None:
         self.p = profile
         self._seen_visual: set[str] = set()
+
+    def prepare(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]]) -> None:
+        """Called once after ``reset`` with the whole trace and every step's resolved order."""
 
     def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
         raise NotImplementedError
@@ -291,28 +301,65 @@ class WindowkitStrategy(Strategy):
     Prefill and vision costs are booked by the backend's forwards; KV replay (every token the Window
     relocates or places from stored KV: ``WindowStats.reused_tokens``), patch applies and patch SVDs are
     charged from the step's stats deltas. ``binding_risk`` counts chunks kept as-is whose conditioning
-    was formed on other antecedents (``plan()``'s refresh-patch edits).
+    was formed on other antecedents (``plan()``'s refresh-patch edits), after the refresh policy ran.
+
+    store_budget_bytes: bound the store (None: unbounded); the fake KV is 16 bytes per token
+    store_policy: its eviction policy: None / "lru", "lfu", "fifo", "size" (= "gds", GreedyDual-Size),
+              "belady" (offline OPT: its future is filled from the trace in ``prepare``), or an instance
+    refresh:  a ``policies.refresh`` policy or name ("never", "always", "threshold:0.3", "budget:2"),
+              applied after each step's ``assign`` (None: the Window's default, keep-as-is)
+
+        WindowkitStrategy(store_budget_bytes=1 << 20, store_policy="belady", refresh="threshold:0.3")
     """
 
     name = "windowkit"
 
     def __init__(self, rank: int = 32, mode: str = "patch", store_budget_bytes: Optional[int] = None,
-                 vision_cache: bool = True, name: str = "windowkit", **window_kw: Any):
+                 vision_cache: bool = True, name: str = "windowkit", store_policy: Any = None,
+                 refresh: Any = None, **window_kw: Any):
         self.rank, self.mode, self.budget, self.vision_cache = rank, mode, store_budget_bytes, vision_cache
         self.name = name
+        self.store_policy, self.refresh = store_policy, refresh
         self.window_kw = window_kw  # passed to Window(...), e.g. form="lazy", svd="randomized"
 
+    def _make_store_policy(self):
+        from policies.eviction import EvictionPolicy, make_eviction_policy
+
+        spec = self.store_policy
+        if isinstance(spec, EvictionPolicy):  # an instance is used once: a fresh one of its class per run
+            spec = type(spec)
+        if isinstance(spec, str) and spec.lower() == "gds":
+            spec = "size"
+        try:
+            return make_eviction_policy(spec)
+        except (ValueError, TypeError) as e:
+            raise WindowkitError(f"store_policy: {e}") from None
+
     def reset(self, profile: CostProfile) -> None:
+        from policies.refresh import make_refresh
         from windowkit.window import Window
 
         super().reset(profile)
         self.backend = CostModelBackend(profile, vision_cache=self.vision_cache)
         self.store = _MeteredStore(budget_bytes=self.budget, model_fingerprint=self.backend.fingerprint(),
-                                   layout=self.backend.layout)
+                                   layout=self.backend.layout, policy=self._make_store_policy())
         self.win = Window(self.backend, store=self.store, rank=self.rank, mode=self.mode, **self.window_kw)
+        try:
+            self.refresher = make_refresh(self.refresh)
+        except (ValueError, TypeError) as e:
+            raise WindowkitError(f"refresh: {e}") from None
+        if self.refresher is not None:
+            self.refresher.reset()
         self.chunks: dict[str, Chunk] = {}
         self.queries: dict[int, Chunk] = {}
         self.approximated_steps = 0  # steps where store-side apply counts disagreed with stats (see below)
+        self._t = 0  # step index (the Belady oracle's clock)
+
+    def prepare(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]]) -> None:
+        """For a Belady store: every store entry each step will read (see ``store_future``)."""
+        pol = self.store.policy
+        if hasattr(pol, "set_future"):
+            pol.set_future(store_future(orders, lambda x: self._chunk(x).content_hash(), self.backend.fingerprint()))
 
     def _chunk(self, x: ChunkRef) -> Chunk:
         ch = self.chunks.get(x.id)
@@ -325,7 +372,12 @@ class WindowkitStrategy(Strategy):
         s0 = (st.encodes, st.patch_forms, st.patch_applies, st.relocations, st.reused_tokens)
         l0 = led.copy()
         a0, f0, ac0 = store.applied_tokens, store.formed_tokens, store.applied_count
+        if hasattr(store.policy, "advance"):
+            store.policy.advance(self._t)
+        self._t += 1
         win.assign([self._chunk(x) for x in ctx])
+        if self.refresher is not None:
+            self.refresher.apply(win)
         if step.query_tokens:
             q = self.queries.get(step.query_tokens)
             if q is None:
@@ -378,6 +430,36 @@ def make_strategies(spec: Optional[Sequence[Union[str, Strategy]]] = None) -> li
     return out
 
 
+def store_future(orders: Sequence[Sequence[ChunkRef]], content_hash: Callable[[ChunkRef], str],
+                 fingerprint: str, prefix_key: str = "") -> dict[tuple, list[int]]:
+    """The store entries each step reads, as ``{entry id: [step indices]}`` (the Belady oracle): the
+    canonical of every chunk, and for every chunk behind others its patch on the exact ordered context and
+    on the orbit (order-free) context; entry ids as ``ChunkStore`` gives them to its policy.
+
+        store_future(orders, lambda x: CostModelBackend.chunk(x.id, x.tokens).content_hash(), fp)
+    """
+    from windowkit.store import chunk_key, context_root, context_step, orbit_context_hash
+    from windowkit.store.store import CANONICAL, PATCH
+
+    fut: dict[tuple, list[int]] = {}
+    memo: dict[str, str] = {}
+    for t, order in enumerate(orders):
+        keys = []
+        for x in order:
+            k = memo.get(x.id)
+            if k is None:
+                k = memo[x.id] = chunk_key(content_hash(x), fingerprint)
+            keys.append(k)
+        h = context_root(prefix_key)
+        for i, k in enumerate(keys):
+            fut.setdefault((CANONICAL, k, ""), []).append(t)
+            if i:
+                fut.setdefault((PATCH, k, h), []).append(t)
+                fut.setdefault((PATCH, k, orbit_context_hash(keys[:i], prefix=prefix_key)), []).append(t)
+            h = context_step(h, k)
+    return fut
+
+
 # ====================================================================== the run
 def resolve_orders(trace: Union[Trace, Sequence[Step]]) -> list[list[ChunkRef]]:
     """The context order each step is replayed in. An unordered step whose set equals the previous step's
@@ -404,6 +486,7 @@ class SimResult:
     steps: dict[str, list[StepCost]]
     wall_s: dict[str, float] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    orders: list = field(default_factory=list, repr=False)  # the order each step was replayed in (placement applied)
 
     def totals(self, name: str) -> dict:
         return _totals(self.steps[name])
@@ -422,7 +505,9 @@ class SimResult:
                     if w == "windowkit":  # what-if: canonical encodes done in the background, off the critical path
                         ratios[f"windowkit_bg_encode/{base}"] = (wk["total_ms"] - wk["encode_ms"]) / tot[base]["total_ms"]
         n = len(next(iter(self.steps.values()), []))
-        return {"trace": self.trace_name, "profile": self.profile, "steps": n, "strategies": tot, "ratios": ratios,
+        place = {"placement": self.meta["placement"]} if "placement" in self.meta else {}
+        return {"trace": self.trace_name, "profile": self.profile, "steps": n, **place, "strategies": tot,
+                "ratios": ratios,
                 "wall_s": dict(self.wall_s), **({"meta": self.meta} if self.meta else {})}
 
     def table(self) -> str:
@@ -437,22 +522,56 @@ class SimResult:
         return "\n".join(lines)
 
 
+def resolve_placement(steps: Sequence[Step], placement: Any = None,
+                      profile: Optional[CostProfile] = None) -> tuple[list[list[ChunkRef]], Optional[Any]]:
+    """Every step's order under ``placement`` (None: ``resolve_orders``, today's behaviour) and the fresh
+    policy used (its ``counters`` say what it did). Ordered steps always keep their order."""
+    if placement is None:
+        return resolve_orders(steps), None
+    from policies.placement import make_placement
+
+    try:
+        pol = make_placement(placement)
+    except (ValueError, TypeError) as e:
+        raise WindowkitError(str(e)) from None
+    pol.reset(profile)
+    pol.prepare(steps)
+    return pol.resolve(steps), pol
+
+
 def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfile] = "h100-kamera",
              strategies: Optional[Sequence[Union[str, Strategy]]] = None, *, progress: Optional[bool] = None,
-             max_steps: Optional[int] = None) -> SimResult:
+             max_steps: Optional[int] = None, placement: Any = None, store_budget_bytes: Optional[int] = None,
+             store_policy: Any = None, refresh: Any = None) -> SimResult:
     """Replay ``trace`` through each strategy (all of them by default) under ``profile``.
 
     progress: a tqdm bar (None: only for traces of 500+ steps). max_steps: replay only the first steps.
+    placement: the order of every ``ordered: false`` step, for all strategies alike: a name from
+    ``policies.placement.PLACEMENTS`` ("listed", "arrival", "greedy", "orbit", "optimal") or a policy;
+    None keeps today's behaviour (``resolve_orders``). ``summary()["placement"]`` records it.
+    store_budget_bytes, store_policy, refresh: set on the windowkit strategies built here from names
+    (see ``WindowkitStrategy``); strategy instances passed in keep their own.
 
         res = simulate(read_trace("run.jsonl"), "cpu-tiny", strategies=["radix", "windowkit"])
         res.summary()["strategies"]["windowkit"]["total_ms"]
+        simulate(grow_interleave_set(), placement="greedy", store_budget_bytes=1 << 16, store_policy="belady")
     """
     prof = load_profile(profile)
     strats = make_strategies(strategies)
+    given = {id(s) for s in (strategies or ()) if isinstance(s, Strategy)}
+    for s in strats:
+        if isinstance(s, WindowkitStrategy) and id(s) not in given:
+            if store_budget_bytes is not None:
+                s.budget = store_budget_bytes
+            if store_policy is not None:
+                s.store_policy = store_policy
+            if refresh is not None:
+                s.refresh = refresh
     steps = list(trace)[:max_steps] if max_steps is not None else list(trace)
-    orders = resolve_orders(steps)
+    orders, pol = resolve_placement(steps, placement, prof)
     for s in strats:
         s.reset(prof)
+        s.prepare(steps, orders)
     costs: dict[str, list[StepCost]] = {s.name: [] for s in strats}
     wall = {s.name: 0.0 for s in strats}
     show = len(steps) >= 500 if progress is None else progress
@@ -474,24 +593,91 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
             bar.update(1)
     if bar is not None:
         bar.close()
-    meta = {}
+    meta: dict[str, Any] = {}
+    if pol is not None:
+        from policies.placement import model_cost
+
+        meta["placement"] = pol.name
+        meta["placement_counters"] = dict(pol.counters)
+        meta["placement_model_ms"] = model_cost(orders, pol.cost)[0]
     for s in strats:
-        if isinstance(s, WindowkitStrategy) and s.approximated_steps:
-            meta["windowkit_approximated_steps"] = s.approximated_steps
-    return SimResult(getattr(trace, "name", "") or "trace", prof.name, [s.name for s in strats], costs, wall, meta)
+        if isinstance(s, WindowkitStrategy):
+            if s.approximated_steps:
+                meta["windowkit_approximated_steps"] = s.approximated_steps
+            if s.refresher is not None:
+                meta[f"{s.name}_refresh"] = {"policy": repr(s.refresher), **s.refresher.counters}
+            if s.budget is not None:
+                meta[f"{s.name}_store"] = {"policy": s.store.policy.name, "budget_bytes": s.budget,
+                                           "evictions": s.store.stats.evictions, "rejected": s.store.stats.rejected}
+    return SimResult(getattr(trace, "name", "") or "trace", prof.name, [s.name for s in strats], costs, wall, meta,
+                     orders=orders)
+
+
+def compare_placements(trace: Union[Trace, Sequence[Step]], placements: Sequence[Any] = ("listed", "arrival", "greedy",
+                                                                                        "orbit", "optimal"),
+                       profile: Union[str, CostProfile] = "h100-kamera",
+                       strategies: Optional[Sequence[Union[str, Strategy]]] = ("radix", "blind", "windowkit"),
+                       **kw: Any) -> dict:
+    """Run ``trace`` once per placement; per placement: every strategy's totals, the placement model's cost
+    (``policies.placement.PatchHitCost``) and the policy's counters. A placement whose orders equal an
+    earlier one's is not replayed again (``same_orders_as`` names it). ``kw`` goes to ``simulate``.
+
+        rows = compare_placements(grow_interleave_set(episodes=20), profile="cpu-tiny")
+        print(placement_table(rows))
+    """
+    from policies.placement import Fixed, model_cost
+
+    prof = load_profile(profile)
+    steps = list(trace)
+    name = getattr(trace, "name", "") or "trace"
+    out: dict[str, Any] = {}
+    done: dict[tuple, str] = {}
+    for pl in placements:
+        orders, pol = resolve_placement(steps, pl, prof)
+        label = pol.name if pol is not None else "none"
+        row: dict[str, Any] = {"model_ms": model_cost(orders, pol.cost)[0] if pol is not None else None,
+                               "counters": dict(pol.counters) if pol is not None else {}}
+        key = tuple(tuple(x.id for x in o) for o in orders)
+        if key in done:
+            first = out[done[key]]
+            out[label] = {**row, "strategies": first["strategies"], "wall_s": first["wall_s"],
+                          "same_orders_as": done[key]}
+            continue
+        done[key] = label
+        res = simulate(Trace(steps, name=name), prof, list(strategies) if strategies else None, progress=False,
+                       placement=Fixed(orders, label, row["counters"]) if pol is not None else None, **kw)
+        out[label] = {**row, "strategies": {n: res.totals(n) for n in res.strategies}, "wall_s": dict(res.wall_s)}
+    return {"trace": name, "steps": len(steps), "profile": prof.name, "placements": out}
+
+
+def placement_table(rows: dict, strategy: str = "windowkit", base: str = "arrival") -> str:
+    """Markdown: per placement, ``strategy``'s total_ms, its gain over ``base`` ((base - x) / base), binding
+    risk, and the placement model's cost."""
+    pl = rows["placements"]
+    ref = pl.get(base, {}).get("strategies", {}).get(strategy, {}).get("total_ms")
+    lines = [f"| placement | {strategy} total_ms | gain vs {base} | binding_risk | model_ms |", "|---|---|---|---|---|"]
+    for name, r in pl.items():
+        t = r["strategies"].get(strategy)
+        if t is None:
+            continue
+        gain = f"{(ref - t['total_ms']) / ref:+.1%}" if ref else "-"
+        model = f"{r['model_ms']:.1f}" if r.get("model_ms") is not None else "-"
+        lines.append(f"| {name} | {t['total_ms']:.1f} | {gain} | {t['binding_risk']} | {model} |")
+    return "\n".join(lines)
 
 
 # ====================================================================== CLI hooks (wired by windowkit/cli.py)
 def load_trace_arg(spec: str) -> Trace:
-    """A trace from a CLI argument: a JSONL path, ``videotree[:N]`` (first N questions) or a generator name
-    (``sliding-3``, ``grow-interleave``, ``append-zoom``, ``random-lookback``)."""
+    """A trace from a CLI argument: a JSONL path, ``videotree[:N]`` (first N questions), ``videotree-set[:N]`` (the
+    same, unordered: placement policies may choose) or a generator name (``sliding-3``, ``grow-interleave``,
+    ``append-zoom``, ``random-lookback``, ``grow-interleave-set``, ``grow-interleave-set-small``, ``random-lookback-set``)."""
     from windowkit.trace.generators import GENERATORS
     from windowkit.trace.io import read_trace
     from windowkit.trace.videotree import load_videotree
 
     if spec.startswith("videotree"):
-        n = spec.partition(":")[2]
-        return load_videotree(max_questions=int(n) if n else None)
+        name, _, n = spec.partition(":")
+        return load_videotree(max_questions=int(n) if n else None, ordered=name != "videotree-set")
     if spec in GENERATORS:
         return GENERATORS[spec]()
     return read_trace(spec)
@@ -499,21 +685,33 @@ def load_trace_arg(spec: str) -> Trace:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``windowkit simulate``."""
-    parser.add_argument("trace", help="JSONL trace path, videotree[:N], or a generator: sliding-3, grow-interleave, "
-                                      "append-zoom, random-lookback")
+    parser.add_argument("trace", help="JSONL trace path, videotree[:N], videotree-set[:N], or a generator: sliding-3, "
+                                      "grow-interleave, append-zoom, random-lookback, grow-interleave-set, "
+                                      "grow-interleave-set-small, random-lookback-set")
     parser.add_argument("--profile", default="h100-kamera", help="cost profile name or JSON path (default h100-kamera)")
     parser.add_argument("--strategy", action="append", choices=list(STRATEGIES),
                         help="strategy to run (repeatable; default: recompute radix blind blend windowkit)")
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the summary JSON here")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="write a report here: summary.json, PNG plots and a self-contained report.html")
+    parser.add_argument("--placement", default=None, choices=["listed", "arrival", "greedy", "orbit", "optimal"],
+                        help="order of ordered:false steps (default: listed, or the previous order if the set is unchanged)")
+    parser.add_argument("--store-budget", type=int, default=None,
+                        help="bound windowkit's store to this many bytes (default: unbounded)")
+    parser.add_argument("--store-policy", default=None, choices=["lru", "lfu", "fifo", "size", "gds", "belady"],
+                        help="eviction policy of the bounded store (belady: offline OPT from the trace)")
+    parser.add_argument("--refresh", default=None, help="patch refresh policy: never | always | threshold:TAU | budget:K")
     parser.add_argument("--no-progress", action="store_true")
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    """``windowkit simulate``: print the totals table and ratios; optionally write the summary JSON."""
+    """``windowkit simulate``: print the totals table and ratios; optionally write the summary JSON (``--json``)
+    and a report directory (``--out``: summary.json, plots, report.html; see ``windowkit.trace.report``)."""
     trace = load_trace_arg(args.trace)
     res = simulate(trace, args.profile, args.strategy, max_steps=args.max_steps,
-                   progress=False if args.no_progress else None)
+                   progress=False if args.no_progress else None, placement=args.placement,
+                   store_budget_bytes=args.store_budget, store_policy=args.store_policy, refresh=args.refresh)
     s = res.summary()
     print(f"{s['trace']}: {s['steps']} steps, profile {s['profile']}")
     print(res.table())
@@ -522,6 +720,12 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
+    if args.out:
+        from windowkit.trace.report import write_report  # matplotlib only when a report is asked for
+
+        print(f"writing the report to {args.out} ...", flush=True)
+        paths = write_report(res, args.out, trace=trace)
+        print(f"report: {paths['html']}")
     return 0
 
 
@@ -529,6 +733,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point for ``windowkit simulate ...`` (``windowkit/cli.py`` dispatches ``simulate_main(rest)``).
 
         main(["sliding-3", "--profile", "cpu-tiny", "--json", "out.json"])
+        main(["videotree:50", "--out", "report/"])     # report/report.html, summary.json, *.png
     """
     p = argparse.ArgumentParser(prog="windowkit simulate",
                                 description="replay an access trace through reuse strategies under a cost profile")
@@ -538,4 +743,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 __all__ = ["main", "StepCost", "Strategy", "FullRecompute", "RadixCache", "BlindReuse", "TokenBlend", "WindowkitStrategy",
            "STRATEGIES", "make_strategies", "resolve_orders", "SimResult", "simulate", "load_trace_arg",
-           "add_arguments", "run_cli"]
+           "add_arguments", "run_cli", "resolve_placement", "store_future", "compare_placements", "placement_table"]

@@ -14,7 +14,9 @@ Conversion (the file has no per-frame tree depth, so levels are reconstructed by
     depth 2 evenly spaced frames of the rest, depth 3 the remainder;
   * step j of an episode holds every frame of depth <= j, sorted by time (new frames interleave with old
     ones: the grow-and-interleave pattern), then the question text chunk ``"<uuid>/q"`` at the tail;
-  * frames are ``video`` chunks of ``tokens_per_frame`` tokens; steps are ordered (time order matters).
+  * frames are ``video`` chunks of ``tokens_per_frame`` tokens; steps are ordered (time order) unless
+    ``ordered=False``: VideoTree *selects a set* of keyframes (each carries its timestamp), so any order of
+    a step's frames is acceptable and a placement policy may choose it (the question stays in the set).
 
     trace = load_videotree("/work/shared/data/traces/videotree_egoschema_depth_expansion.json")
     len(trace.meta["episodes"])   # 500
@@ -58,11 +60,13 @@ def depth_levels(frames: list[int], relevance: list[int]) -> list[list[int]]:
 
 
 def load_videotree(path: Union[str, os.PathLike] = DEFAULT_PATH, *, tokens_per_frame: int = 64,
-                   question_tokens: int = 48, query_tokens: int = 16, max_questions: Optional[int] = None) -> Trace:
+                   question_tokens: int = 48, query_tokens: int = 16, max_questions: Optional[int] = None,
+                   ordered: bool = True) -> Trace:
     """The VideoTree file as a Trace (about 3 steps per question). ``meta["episodes"]`` lists, per question,
     its uuid, the number of frame entries in the file (with repeats), distinct frames and steps.
 
         trace = load_videotree(tokens_per_frame=64, max_questions=50)
+        trace = load_videotree(max_questions=100, ordered=False)   # name "videotree-egoschema-set"
     """
     try:
         with open(path, encoding="utf-8") as fh:
@@ -86,10 +90,10 @@ def load_videotree(path: Union[str, os.PathLike] = DEFAULT_PATH, *, tokens_per_f
         for lvl in levels:
             shown = sorted(shown + lvl)
             ctx = [ChunkRef(id=f"{name}/f{f:03d}", tokens=tokens_per_frame, kind="video") for f in shown]
-            steps.append(Step(step=len(steps), context=ctx + [question], ordered=True, query_tokens=query_tokens))
+            steps.append(Step(step=len(steps), context=ctx + [question], ordered=ordered, query_tokens=query_tokens))
         episodes.append({"name": name, "frames": len(frames), "distinct_frames": len(set(frames)),
                          "steps": len(levels)})
-    return Trace(steps, name="videotree-egoschema", meta={
+    return Trace(steps, name="videotree-egoschema" + ("" if ordered else "-set"), meta={"ordered": ordered,
         "source": str(path), "license": "MIT (Ziyang412/VideoTree), see LICENSE.videotree",
         "tokens_per_frame": tokens_per_frame, "question_tokens": question_tokens, "episodes": episodes})
 

@@ -1,6 +1,7 @@
-"""SGLang adapter (first increment): layout conversions and KV-pool write/read.
+"""SGLang adapter: layout conversions, KV-pool write/read, window plans, the linker plugin, SGLangBackend.
 
-Importing this package does not import sglang; only the pool calls touch sglang objects.
+Importing this package does not import sglang; only the pool calls touch sglang objects. The linker
+(``windowkit.backends.sglang.linker``) and the plugin (``.plugin``) import sglang and are loaded by SGLang.
 
     from windowkit.backends.sglang import SGLangKVPool
     io = SGLangKVPool.from_config(token_to_kv_pool, backend.layout, model.config, tp_rank=r, tp_size=n)
@@ -10,7 +11,10 @@ See docs/backends.md for what is supported and the plan for the engine integrati
 """
 from windowkit.backends.sglang.convert import (convert_pairing, half_to_interleaved, interleaved_to_half,
                                                kv_heads_for_rank, repair)
+from windowkit.backends.sglang.backend import SGLangBackend, linker_config, plan_request
+from windowkit.backends.sglang.plan import PLAN_KEY, Segment, WindowPlan, derive_cache_salt
 from windowkit.backends.sglang.pool import SGLangKVPool, slots_for_pages, standalone_parallel
 
-__all__ = ["SGLangKVPool", "slots_for_pages", "standalone_parallel", "convert_pairing", "half_to_interleaved",
-           "interleaved_to_half", "kv_heads_for_rank", "repair"]
+__all__ = ["SGLangBackend", "plan_request", "linker_config", "WindowPlan", "Segment", "PLAN_KEY",
+           "derive_cache_salt", "SGLangKVPool", "slots_for_pages", "standalone_parallel", "convert_pairing",
+           "half_to_interleaved", "interleaved_to_half", "kv_heads_for_rank", "repair"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Literal, Optional, Sequence
 
 import torch
 
@@ -148,7 +148,10 @@ class SGLangKVPool:
 
     # ------------------------------------------------------------------ write / read
     def _loc(self, loc: Any, n: int) -> torch.Tensor:
-        dev = self._buffer(self.start_layer).device
+        # the pool's device attribute, not get_key_buffer(): inside an engine that call waits on the
+        # layer-wise load counter, which a linker's own write must not do
+        dev = getattr(self.pool, "device", None)
+        dev = torch.device(dev) if dev is not None else self._buffer(self.start_layer).device
         loc = torch.as_tensor(loc).to(device=dev, dtype=torch.int64).flatten()
         if loc.numel() != n:
             raise KVShapeError(f"{loc.numel()} slots given for {n} tokens")
@@ -163,24 +166,29 @@ class SGLangKVPool:
     def _buffer(self, layer: int) -> torch.Tensor:
         return self.pool.get_key_buffer(layer)
 
-    def write(self, kv: ChunkKV, loc: Any) -> None:
-        """Write every layer of ``kv`` this pool holds (its ``start_layer`` range) at slots ``loc`` ([S])."""
+    def write(self, kv: ChunkKV, loc: Any, layers: Optional[Sequence[int]] = None) -> None:
+        """Write every layer of ``kv`` this pool holds (its ``start_layer`` range) at slots ``loc`` ([S]).
+
+        ``layers``: only these (model) layer ids, e.g. one at a time for a layer-wise load."""
         if kv.layout != self.layout and kv.layout != self.local_layout:
             raise KVShapeError(f"chunk layout {kv.layout.describe()} != pool's {self.layout.describe()}")
         loc = self._loc(loc, kv.num_tokens)
+        todo = list(self.layers) if layers is None else [int(l) for l in layers]
+        if any(l not in self.layers for l in todo):
+            raise KVShapeError(f"layers {todo} outside the pool's {self.layers.start}..{self.layers.stop - 1}")
         local = kv.layout == self.local_layout and self.local_layout != self.layout
         a, b = (0, None) if local else self.heads
         r = self.layout.rope_slot
         dev = loc.device
         if self.kind == "mla":
             with standalone_parallel():
-                for l in self.layers:
+                for l in todo:
                     lat, kpe = kv.layers[l]
                     kpe = repair(kpe, self.src_pairing, self.pool_pairing)
                     self.pool.set_mla_kv_buffer(None, loc, lat.to(dev).transpose(0, 1).contiguous(),
                                                 kpe.to(dev).transpose(0, 1).contiguous(), layer_id_override=l)
             return
-        for l in self.layers:
+        for l in todo:
             k, v = kv.layers[l]
             if r == 0:
                 k = repair(k, self.src_pairing, self.pool_pairing)

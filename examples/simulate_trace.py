@@ -1,0 +1,150 @@
+"""Record an agent trace (or load one), then replay it through the reuse strategies under a cost profile.
+
+    PYTHONPATH=. .venv/bin/python examples/simulate_trace.py                         # record + replay, ~1 min on CPU
+    PYTHONPATH=. .venv/bin/python examples/simulate_trace.py --trace sliding-3       # a generated trace
+    PYTHONPATH=. .venv/bin/python examples/simulate_trace.py --trace videotree:20 --profile cpu-tiny
+    PYTHONPATH=. .venv/bin/python examples/simulate_trace.py --model /path/to/Qwen2.5-VL-3B-Instruct --out report/
+
+By default the long-video agent (agents/long_video.py) runs on a synthetic OpenCV video with the tiny random
+Qwen2.5-VL (or ``--model``, a local checkpoint), sliding a ``--window``-frame window with two look-backs, and
+``TraceRecorder`` writes each step's window (frame and question chunks, their token counts) to ``--record``.
+``--trace`` skips the recording: a JSONL path, ``videotree[:N]`` or a generator name (``sliding-3``,
+``grow-interleave``, ``append-zoom``, ``random-lookback``). The trace is then replayed with
+``windowkit.trace.simulate`` under ``--profile`` (default ``h100-kamera``): full recompute, prefix/radix cache,
+blind reuse, token blending and a windowkit Window on the cost-model backend. Prints the totals table and the
+ratios; ``--out DIR`` writes ``summary.json`` there (and the full report, when ``windowkit.trace.report`` is
+available). The costs are *modeled* from the profile; the recorded token counts are the model's own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def record_trace(args, path: str) -> str:
+    """Run the long-video agent (no exact reference window: only the contents matter) and record its steps."""
+    import torch
+
+    from agents.long_video import LongVideoAgent, make_plan
+    from agents.video_io import write_synthetic_video
+    from examples.long_video_qa import _question
+    from windowkit.backends.hf import load_model
+
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        w, h = (int(x) for x in args.size.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--size must be WxH, got {args.size!r}")
+    model = load_model(args.model)
+    model_path = args.model if os.path.isdir(args.model) else None
+    agent = LongVideoAgent(model, window=args.window, rank=args.rank, frame_size=(w, h), reference=False,
+                           model_path=model_path, record=path, max_new_tokens=1)
+    with tempfile.TemporaryDirectory(prefix="wk-video-") as tmp:
+        video = args.video or write_synthetic_video(os.path.join(tmp, "shapes.avi"),
+                                                    n_frames=int(args.frames * 8 / args.fps) + 1, fps=8.0,
+                                                    size=(96, 72))
+        frames = agent.load_video(video, fps=args.fps, max_frames=args.frames)
+    steps = min(args.steps, len(frames))
+    if args.lookback == "auto":
+        lookback = [s for s in sorted({(2 * steps) // 3, steps - 2}) if s >= 10]
+    else:
+        lookback = [int(x) for x in args.lookback.split(",") if x.strip()]
+    plan = make_plan(len(frames), args.window, steps, lookback)
+    question, prompt = _question(model, model_path)
+    t0 = time.perf_counter()
+
+    def progress(row):
+        print(f"  recorded step {row.index:>3} {row.kind:<9} frames {row.frames}", file=sys.stderr, flush=True)
+
+    agent.run(frames, plan, question, prompt, on_step=progress)
+    print(f"recorded {len(plan)} steps of the long-video agent ({args.model}, {len(frames[0])} tokens per frame, "
+          f"window {args.window} + question, look-back at {lookback or 'none'}) in {time.perf_counter() - t0:.1f} s "
+          f"-> {path}" + ("" if args.record else " (temporary: --record PATH keeps it)"))
+    return path
+
+
+def write_out(res, trace, out_dir: str) -> None:
+    """``windowkit.trace.report.write_report`` (summary.json, plots, report.html) when this windowkit has it,
+    else the summary JSON alone."""
+    import inspect
+
+    try:
+        from windowkit.trace.report import write_report
+    except ImportError:
+        write_report = None
+    os.makedirs(out_dir, exist_ok=True)
+    if write_report is None:
+        with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
+            json.dump(res.summary(), fh, indent=2)
+            fh.write("\n")
+        print(f"\nwrote {os.path.join(out_dir, 'summary.json')}")
+        return
+    kw = {"trace": trace} if "trace" in inspect.signature(write_report).parameters else {}
+    paths = write_report(res, out_dir, **kw)
+    names = sorted(os.path.basename(str(p)) for p in paths.values()) if isinstance(paths, dict) else []
+    print(f"\nwrote the report to {out_dir}: {', '.join(names) or 'see the folder'}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=None, metavar="PATH|videotree:N|sliding-3",
+                    help="replay this trace instead of recording one from the long-video agent")
+    ap.add_argument("--profile", default="h100-kamera", help="cost profile name or JSON path (default h100-kamera)")
+    ap.add_argument("--strategy", action="append", default=None,
+                    help="strategy to replay (repeatable; default: recompute radix blind blend windowkit)")
+    ap.add_argument("--max-steps", type=int, default=None, help="replay only the first steps")
+    ap.add_argument("--out", default=None, metavar="DIR", help="write summary.json (and the report, if available)")
+    rec = ap.add_argument_group("recording (when --trace is not given)")
+    rec.add_argument("--model", default="tiny-qwen2.5-vl", help="tiny-qwen2.5-vl | tiny-qwen3-vl | local checkpoint")
+    rec.add_argument("--video", default=None, help="a video file (default: a synthetic one)")
+    rec.add_argument("--record", default=None, metavar="PATH", help="where to write the trace (default: a temp file)")
+    rec.add_argument("--frames", type=int, default=16, help="most frames to sample")
+    rec.add_argument("--fps", type=float, default=4.0, help="sampling rate")
+    rec.add_argument("--window", type=int, default=4, help="frames in the window per step")
+    rec.add_argument("--steps", type=int, default=16, help="agent steps")
+    rec.add_argument("--lookback", default="auto", help="look-back steps (comma-separated), 'auto' or ''")
+    rec.add_argument("--size", default="112x84", help="frame size WxH before patching (sets tokens per frame)")
+    rec.add_argument("--rank", type=int, default=32, help="patch rank m")
+    rec.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = ap.parse_args(argv)
+
+    from windowkit.errors import WindowkitError
+    from windowkit.trace import read_trace, simulate
+    from windowkit.trace.simulate import STRATEGIES, load_trace_arg
+
+    bad = [s for s in args.strategy or [] if s not in STRATEGIES]
+    if bad:
+        ap.error(f"unknown strategy {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
+    try:
+        with tempfile.TemporaryDirectory(prefix="wk-trace-") as tmp:
+            if args.trace is None:
+                path = record_trace(args, args.record or os.path.join(tmp, "long_video.jsonl"))
+                trace = read_trace(path)
+            else:
+                trace = load_trace_arg(args.trace)
+        st = trace.stats()
+        print(f"trace {trace.name or args.trace}: {st['steps']} steps, {st['distinct_chunks']} distinct chunks, "
+              f"{st['mean_chunks_per_step']:.1f} chunks / {st['mean_tokens_per_step']:.0f} tokens per step")
+        res = simulate(trace, args.profile, args.strategy, max_steps=args.max_steps)
+    except WindowkitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    s = res.summary()
+    print(f"\nreplayed {s['steps']} steps under profile {s['profile']} (modeled ms)")
+    print(res.table())
+    print()
+    for k, v in s["ratios"].items():
+        print(f"{k}: {v:.3f}")
+    if args.out:
+        write_out(res, trace, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The binding model (issue #5): task generator, checkpoint, eval-binding. No training here.
+
+Frames are decoded back by reading pixels at fixed probe points (not with the generator's code), the
+pixel layout is checked against transformers' own Qwen2-VL image processor, and the windowkit path the
+evaluation uses is checked against transformers' own forward of the whole sequence.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from windowkit.models.binding import task
+
+torch.set_num_threads(1)
+
+# probe offsets (x, y) inside a 16-px cell that only one shape fills (besides the centre, which all fill)
+_PROBES = {"square": (3, 3), "cross": (1, 8), "triangle": (2, 13)}
+_RGB = {(230, 40, 40): "red", (40, 200, 40): "green", (50, 90, 240): "blue", (230, 220, 40): "yellow",
+        (210, 40, 210): "magenta", (40, 210, 220): "cyan"}
+
+
+_GREYS = (20, 70, 120)  # background of frames 1, 2, 3
+
+
+def _decode(rgb: np.ndarray, k: int) -> dict:
+    """{shape: (cell, colour)} read off the pixels of frame ``k`` (0-based)."""
+    assert tuple(int(v) for v in rgb[0, 0]) == (_GREYS[k],) * 3  # no shape reaches a cell's corner
+    out = {}
+    for cell in range(task.GRID * task.GRID):
+        r, c = divmod(cell, task.GRID)
+        x0, y0 = 16 * c, 16 * r
+        centre = tuple(int(v) for v in rgb[y0 + 8, x0 + 8])
+        if centre == (_GREYS[k],) * 3:
+            continue
+        filled = [s for s, (dx, dy) in _PROBES.items() if tuple(int(v) for v in rgb[y0 + dy, x0 + dx]) == centre]
+        assert len(filled) <= 1, (cell, filled)
+        shape = filled[0] if filled else "circle"
+        assert shape not in out
+        out[shape] = (cell, _RGB[centre])
+    return out
+
+
+def test_generator_is_deterministic():
+    a, b, c = task.make_item(3, 7), task.make_item(3, 7), task.make_item(3, 8)
+    assert all(np.array_equal(x, y) for x, y in zip(a.frames, b.frames))
+    assert (a.question, a.answer, a.kind, a.layout) == (b.question, b.answer, b.kind, b.layout)
+    assert a.layout != c.layout
+    assert a.frames[0].shape == (64, 64, 3) and a.frames[0].dtype == np.uint8
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_answers_match_the_drawn_frames(index):
+    for kind in ("single_hop", "multi_hop"):
+        item = task.make_item(5, index, kind)
+        frames = [_decode(f, k) for k, f in enumerate(item.frames)]
+        assert frames == item.layout  # every shape drawn once, in its cell, in its colour
+        colours = [{s: col for s, (_, col) in f.items()} for f in frames]
+        assert len(set(colours[2].values())) == 4  # frame 3 alone: four distinct colours, nothing stands out
+        assert colours[0] == colours[1]
+        changed = [s for s in colours[0] if colours[0][s] != colours[2][s]]
+        assert len(changed) == 1 and colours[2][changed[0]] not in colours[0].values()
+        q = item.question
+        if kind == "single_hop":
+            s, frame = divmod(q[0] - 24, 3)  # question tokens 24.. : shape-major, frame-minor
+            assert len(q) == 1 and 0 <= s < 4
+            assert item.answer == task.COLOUR_TOKENS[task.COLOURS.index(colours[frame][task.SHAPES[s]])]
+        else:
+            assert q == [task.Q_CHANGED]
+            assert item.answer == task.SHAPE_TOKENS[task.SHAPES.index(changed[0])]
+
+
+def test_pixels_match_the_qwen2_vl_image_processor():
+    from transformers import Qwen2VLImageProcessor
+
+    proc = Qwen2VLImageProcessor(patch_size=task.PATCH, merge_size=task.MERGE, temporal_patch_size=task.TEMPORAL,
+                                 do_resize=False, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    item = task.make_item(0, 1)
+    out = proc(images=[item.frames[2]], return_tensors="pt")
+    assert out["image_grid_thw"].tolist() == [list(task.GRID_THW)]
+    torch.testing.assert_close(task.frame_pixels(item.frames[2]), out["pixel_values"].float(), atol=1e-6, rtol=0)
+
+
+def test_wilson_interval_by_hand():
+    from windowkit.models.binding.eval import wilson
+
+    # 8/10: centre (0.8 + 1.96²/20) / (1 + 1.96²/10), half 1.96·sqrt(0.016 + 1.96²/400) / (1 + 1.96²/10)
+    lo, hi = wilson(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+    assert wilson(0, 5)[0] == 0.0 and wilson(5, 5)[1] == 1.0
+
+
+@pytest.fixture(scope="module")
+def model():
+    from windowkit.models.binding.model import load
+
+    return load()
+
+
+def test_checkpoint_is_small_safetensors():
+    import os
+
+    from windowkit.models.binding.model import CHECKPOINT_DIR
+
+    path = os.path.join(CHECKPOINT_DIR, "model.safetensors")
+    assert os.path.getsize(path) <= 20 * 2 ** 20
+    with open(path, "rb") as f:  # safetensors: 8-byte header length, then a JSON header
+        n = int.from_bytes(f.read(8), "little")
+        assert json.loads(f.read(n))
+
+
+def test_checkpoint_beats_chance_on_held_out_items(model):
+    from windowkit.models.binding.train import HELDOUT_SEED
+
+    n = 64
+    for kind in task.KINDS:
+        items = [task.make_item(HELDOUT_SEED, 2_000_000 + i, kind) for i in range(n)]
+        b = task.batch(items)
+        with torch.no_grad():
+            logits = model(input_ids=b["input_ids"], pixel_values=b["pixel_values"], image_grid_thw=b["image_grid_thw"],
+                           mm_token_type_ids=b["mm_token_type_ids"]).logits[:, -1]
+        cand = list(task.CANDIDATES[kind])
+        pred = torch.tensor(cand)[logits[:, cand].argmax(-1)]
+        acc = float((pred == b["labels"]).float().mean())
+        chance = 1 / len(cand)
+        # well above chance: more than chance + 0.25 (binomial sd at chance and n=64 is ~0.05)
+        assert acc > chance + 0.25, (kind, acc)
+
+
+def test_window_reprefill_matches_transformers_forward(model):
+    """The evaluation's exact path (HFBackend + Window over image chunks) gives transformers' own logits."""
+    from windowkit.backends.hf import HFBackend
+    from windowkit.chunk import Chunk
+    from windowkit.models.binding.eval import _blend_logits
+    from windowkit.window import Window
+
+    item = task.make_item(9, 3, "multi_hop")
+    b = task.batch([item])
+    with torch.no_grad():
+        ref = model(input_ids=b["input_ids"], pixel_values=b["pixel_values"], image_grid_thw=b["image_grid_thw"],
+                    mm_token_type_ids=b["mm_token_type_ids"]).logits[0, -1]
+    backend = HFBackend(model)
+    prefix = Chunk.text(torch.tensor([task.BOS]), id="bos")
+    win = Window(backend, mode="exact", prefix=prefix, rank=None)
+    for k in range(3):
+        win.admit(task.frame_chunk(item, k))
+    torch.testing.assert_close(win.forward(item.question), ref, atol=1e-4, rtol=1e-4)
+    # token recompute of 100% of the tokens is the re-prefill
+    chunks = [task.frame_chunk(item, k, id=f"b{k}") for k in range(3)]
+    torch.testing.assert_close(_blend_logits(backend, prefix, chunks, item.question, 1.0), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_eval_json_shape(model, tmp_path):
+    from windowkit.models.binding import eval as ev
+
+    path = tmp_path / "binding.json"
+    assert ev.main(["--n", "2", "--json", str(path)]) == 0
+    res = json.loads(path.read_text())
+    assert set(res) == {"multi_hop", "single_hop"}
+    for kind in res:
+        assert set(res[kind]) == {"reprefill", "blind", "rank4", "rank16", "rank64", "blend15"}
+        for cell in res[kind].values():
+            assert set(cell) == {"accuracy", "n", "ci95"} and cell["n"] == 2
+            assert cell["accuracy"] in (0.0, 0.5, 1.0)
+            lo, hi = cell["ci95"]
+            assert 0 <= lo <= cell["accuracy"] <= hi <= 1 and not math.isnan(lo)

@@ -1,0 +1,1 @@
+"""Small trained models shipped with windowkit (checkpoints in safetensors, reproducible from their scripts)."""
