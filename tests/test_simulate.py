@@ -206,3 +206,23 @@ def test_windowkit_lazy_form():
     t = res.totals("windowkit-lazy")
     assert (t["encodes"], t["patch_forms"], t["relocations"], t["binding_risk"]) == (1, 0, 3, 2)
     assert res.summary()["ratios"]["windowkit-lazy/radix"] == pytest.approx(32 / 34)
+
+
+def test_bounded_store_bytes_held_counts_only_what_the_store_holds():
+    """Under a budget, evicted canonicals and patches leave bytes_held: the metered token sums equal the tokens of
+    the entries the store still holds (read back from the store itself), and the store stays within budget."""
+    from windowkit.trace.generators import random_lookback
+    from windowkit.trace.simulate import WindowkitStrategy
+
+    budget = 30_000
+    wk = WindowkitStrategy(store_budget_bytes=budget)
+    res = simulate(random_lookback(steps=40, seed=1), "h100-kamera", [wk], progress=False)
+    store = wk.store
+    assert store.stats.evictions > 0  # the budget really bites
+    held_canon = sum(store.get_canonical(k).num_tokens for k in store.keys() if store.has_canonical(k))
+    held_patch = sum(store.get_patch(k, c).num_tokens for k in store.keys() for c in store.patches(k))
+    assert store.nbytes <= budget
+    assert store.canon_sum == held_canon and store.patch_sum == held_patch
+    p = wk.p
+    last = res.steps[wk.name][-1].bytes_held
+    assert last == (held_canon + wk.win.num_tokens) * p.kv_bytes_per_token + held_patch * p.patch_bytes_per_token

@@ -436,6 +436,7 @@ class LocalMooncake:
     def __init__(self, segment_bytes: int = 256 << 20, log_dir: Optional[str] = None) -> None:
         self.port, self.metrics_port, self.holder_port = _free_port(), _free_port(), _free_port()
         self.master = f"127.0.0.1:{self.port}"
+        self._own_logs = log_dir is None  # a temporary folder, removed by close()
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="windowkit-mooncake-"))
         self._master_log = self.log_dir / "master.log"
         self._holder_log = self.log_dir / "holder.log"
@@ -494,6 +495,10 @@ class LocalMooncake:
             if p is not None and p.poll() is None:
                 p.kill()  # SIGKILL also ends a SIGSTOPped master
                 p.wait()
+        if self._own_logs:
+            import shutil
+
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalMooncake":
         return self

@@ -45,8 +45,8 @@ Surprises mirrored here (the Window's behaviour, not choices of this model):
   the orbit path fetches (or encodes) the canonical *before* looking up any patch.
 - ``binding_risk`` compares the antecedent ids by value: a chunk whose antecedents are restored (its evicted
   neighbour recalled into the same place) is no longer at risk, though nothing was refreshed.
-- ``bytes_held`` uses the metering store's ``canon_sum`` / ``patch_sum``: tokens of every canonical and patch
-  ever stored, *never decremented* when a bounded store evicts them, so under a budget it over-reports.
+- ``bytes_held`` uses the metering store's ``canon_sum`` / ``patch_sum``: tokens of the canonicals and patches
+  the store holds now (a bounded store's evictions are subtracted).
 - ``encode_ms`` is the backend's heuristic: a lone forward at position 0 of an id forwarded before. So an
   exact-mode re-prefill of a one-chunk window counts, and ids starting with ``"__"`` never count.
 - Under a budget the store refuses a put that cannot fit beside the pinned (live) canonicals, evicts
@@ -112,6 +112,8 @@ class _Store:
         self.pinned: set[str] = set()  # chunk ids whose canonical is pinned (the live window)
         self.order: OrderedDict[tuple, None] = OrderedDict()  # unpinned entries, least recently used first
         self.total = self.pinned_bytes = 0
+        self.ntok: dict[tuple, int] = {}  # entry -> tokens it covers (bytes_held is charged per token)
+        self.canon_sum = self.patch_sum = 0  # tokens of the canonicals / patches held now
 
     def touch(self, eid: tuple) -> None:
         """A get that hit: the entry becomes the most recently used."""
@@ -130,7 +132,7 @@ class _Store:
             self.order[("c", cid)] = None  # unpinning counts as a use (LRU)
             self.pinned_bytes -= self.sizes[("c", cid)]
 
-    def put(self, eid: tuple, nbytes: int) -> bool:
+    def put(self, eid: tuple, nbytes: int, ntok: int) -> bool:
         """ChunkStore._put: refuse what cannot fit beside the pinned entries, else evict LRU victims first."""
         budget = self.budget
         pinned = eid[0] == "c" and eid[1] in self.pinned
@@ -147,6 +149,11 @@ class _Store:
             self._remove(eid)
         self.sizes[eid] = nbytes
         self.total += nbytes
+        self.ntok[eid] = ntok
+        if eid[0] == "c":
+            self.canon_sum += ntok
+        else:
+            self.patch_sum += ntok
         if eid[0] == "p":
             k = (eid[1], len(eid[2]))
             self.plen[k] = self.plen.get(k, 0) + 1
@@ -160,6 +167,11 @@ class _Store:
     def _remove(self, eid: tuple) -> None:
         nbytes = self.sizes.pop(eid)
         self.total -= nbytes
+        ntok = self.ntok.pop(eid)
+        if eid[0] == "c":
+            self.canon_sum -= ntok
+        else:
+            self.patch_sum -= ntok
         self.order.pop(eid, None)
         if self.budget is not None and eid[0] == "c" and eid[1] in self.pinned:
             self.pinned_bytes -= nbytes  # only a replaced pinned canonical: victims are never pinned
@@ -216,8 +228,6 @@ class WindowkitFast(Strategy):
         # cumulative counters, as the Window's stats, the backend's ledger and the metering store keep them
         self.encodes = self.forms = self.applies = self.relocs = self.reused = 0
         self.applied_tokens = self.formed_tokens = 0
-        self.canon_sum = self.patch_sum = 0
-        self.stored_once: set[tuple] = set()  # entries ever stored (canon_sum / patch_sum count them once)
         self.prefill_ms = self.vision_ms = self.encode_extra_ms = 0.0
         self.prefill_tokens = self.vision_encodes = 0
 
@@ -243,7 +253,8 @@ class WindowkitFast(Strategy):
         c.vision_encodes = self.vision_encodes - s0[11]
         if self.mode == "patch":
             c.binding_risk = self._binding_risk()
-        c.bytes_held = (self.canon_sum + self.num_tokens) * p.kv_bytes_per_token + self.patch_sum * p.patch_bytes_per_token
+        st = self.store
+        c.bytes_held = (st.canon_sum + self.num_tokens) * p.kv_bytes_per_token + st.patch_sum * p.patch_bytes_per_token
         return c
 
     def _assign(self, ctx: Sequence[ChunkRef]) -> None:
@@ -450,18 +461,13 @@ class WindowkitFast(Strategy):
     def _encode(self, cid: str) -> None:
         self._forward([cid], True)
         self.encodes += 1
-        ok = self.store.put(("c", cid), CANON_BYTES_PER_TOKEN * self.tok[cid])
-        if ok and ("c", cid) not in self.stored_once:
-            self.stored_once.add(("c", cid))
-            self.canon_sum += self.tok[cid]
+        self.store.put(("c", cid), CANON_BYTES_PER_TOKEN * self.tok[cid], self.tok[cid])
 
     def _put_patch(self, eid: tuple, n: int, orbit: bool) -> None:
         self.formed_tokens += n
         if orbit:  # an orbit patch is applied at once (a fresh one is formed beside a kept forward)
             self.applied_tokens += n
-        if self.store.put(eid, patch_nbytes(n, self.rank)) and eid not in self.stored_once:
-            self.stored_once.add(eid)
-            self.patch_sum += n
+        self.store.put(eid, patch_nbytes(n, self.rank), n)
 
     def _placed(self, cid: str, start: int, patch: bool) -> None:
         if patch:

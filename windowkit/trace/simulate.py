@@ -44,6 +44,7 @@ import torch
 from windowkit.chunk import Chunk
 from windowkit.errors import WindowkitError
 from windowkit.store import ChunkStore
+from windowkit.store.store import CANONICAL
 from windowkit.trace.backend import CostModelBackend
 from windowkit.trace.costs import CostProfile, load_profile
 from windowkit.trace.schema import ChunkRef, Step, Trace
@@ -287,6 +288,15 @@ class _MeteredStore(ChunkStore):
             self.patch_tokens[(key, ctx)] = n
         return ok
 
+    def _remove(self, eid, evicted):
+        # an evicted (or replaced) entry no longer counts toward bytes_held; a replacement is re-added by the put
+        super()._remove(eid, evicted)
+        kind, key, ctx = eid
+        if kind == CANONICAL:
+            self.canon_sum -= self.canon_tokens.pop(key, 0)
+        else:
+            self.patch_sum -= self.patch_tokens.pop((key, ctx), 0)
+
     def get_patch(self, key, ctx, **kw):
         p = super().get_patch(key, ctx, **kw)
         if p is not None:  # the Window applies every patch it gets back (token counts are fixed per id)
@@ -406,11 +416,20 @@ class WindowkitStrategy(Strategy):
         return c
 
 
+def _windowkit_fast(**kw: Any) -> Strategy:
+    from windowkit.trace.fastsim import WindowkitFast  # fastsim imports this module: import on use
+
+    return WindowkitFast(**kw)
+
+
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "recompute": FullRecompute, "radix": RadixCache, "blind": BlindReuse, "blend": TokenBlend,
     "windowkit": WindowkitStrategy,
     # opt-in: the Window's form="lazy" (no eager canonical encode / patch; encoded on first need)
     "windowkit-lazy": lambda: WindowkitStrategy(form="lazy", name="windowkit-lazy"),
+    # opt-in: the same StepCosts as "windowkit" step by step, from bookkeeping only (windowkit/trace/fastsim.py)
+    "windowkit-fast": _windowkit_fast,
+    "windowkit-fast-lazy": lambda: _windowkit_fast(form="lazy", name="windowkit-fast-lazy"),
 }
 DEFAULT_STRATEGIES = ("recompute", "radix", "blind", "blend", "windowkit")
 

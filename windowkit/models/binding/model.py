@@ -4,7 +4,7 @@
     model = load()                         # the committed checkpoint (safetensors + config.json)
 
 Same architecture classes as transformers' Qwen2_5_VLForConditionalGeneration, small sizes: a 1-block
-vision tower on 16-px patches with no spatial merge (one visual token per 16-px grid cell, 16 per frame),
+vision tower on 16-px patches with no spatial merge (one visual token per 16-px grid cell, 4 per frame),
 a 4-layer GQA decoder of width 128 (4 query / 2 KV heads) with M-RoPE, a 32-token vocabulary (see
 ``task``). About 0.9 M parameters: 3.6 MB of fp32 safetensors.
 """

@@ -1,10 +1,10 @@
 """The synthetic multi-frame binding task: three OpenCV frames of coloured shapes, then a question.
 
     item = make_item(seed=7, index=0)        # deterministic in (seed, index)
-    item.frames                              # 3 x RGB uint8 [64, 64, 3]
+    item.frames                              # 3 x RGB uint8 [32, 32, 3]
     item.question, item.answer, item.kind    # token ids, answer token id, "single_hop" | "multi_hop"
 
-Every frame shows the same four shapes (circle, square, triangle, cross) on a 4x4 grid of 16-px cells,
+Every frame shows the same four shapes (circle, square, triangle, cross) on a 2x2 grid of 16-px cells,
 each shape in one cell, cells reshuffled from frame to frame, on a background grey that tells the frame. Frames 1 and 2 give every shape the same
 colour (four distinct colours out of six); in frame 3 exactly one shape has a new colour (one unused in
 frame 1), the other three keep theirs.
@@ -19,8 +19,8 @@ frame 3's own tokens (each attends to its frame-1 twin and compares colours), an
 cannot compare four pairs itself; so the binding is written into frame 3's KV, which blind reuse drops.
 Cells are not answers: under RoPE a token's value carries no position, so "which cell" is hard to read out.
 
-Sequence layout (all items the same length, 59 tokens):
-  [BOS] + 3 x [FRAME_k, VISION_START, IMAGE x 16, VISION_END] + 1 question token; loss on the answer only.
+Sequence layout (all items the same length, 23 tokens):
+  [BOS] + 3 x [FRAME_k, VISION_START, IMAGE x 4, VISION_END] + 1 question token; loss on the answer only.
 """
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GRID = 4  # cells per side
+GRID = 2  # cells per side: 4 cells, all filled (a 4x4 grid with 12 empty cells stayed at the prior: see docs)
 CELL = 16  # pixels per cell
-FRAME = GRID * CELL  # 64 x 64 frames
+FRAME = GRID * CELL  # 32 x 32 frames
 PATCH = 16  # vision patch size: one patch per cell
 MERGE = 1  # no spatial merge: one visual token per cell (a 2x2 merge of 8-px patches costs 2x the CPU time)
 TEMPORAL = 2
 N_FRAMES = 3
-VISUAL_TOKENS = (FRAME // PATCH // MERGE) ** 2  # 16 per frame
+VISUAL_TOKENS = (FRAME // PATCH // MERGE) ** 2  # 4 per frame
 
 SHAPES = ("circle", "square", "triangle", "cross")
 COLOURS = ("red", "green", "blue", "yellow", "magenta", "cyan")
@@ -74,7 +74,7 @@ class Item:
 
 
 def draw_frame(layout: dict, k: int = 0) -> np.ndarray:
-    """RGB uint8 [64, 64, 3] of frame ``k`` (0-based; sets the background grey) with each
+    """RGB uint8 [32, 32, 3] of frame ``k`` (0-based; sets the background grey) with each
     ``shape: (cell, colour)`` drawn filled inside its 16-px cell."""
     import cv2
 
@@ -190,7 +190,7 @@ GRID_THW = (1, FRAME // PATCH, FRAME // PATCH)
 
 
 def frame_ids(k: int) -> list:
-    """Token ids of frame chunk ``k`` (0-based): [FRAME_k, VISION_START, IMAGE x 16, VISION_END]."""
+    """Token ids of frame chunk ``k`` (0-based): [FRAME_k, VISION_START, IMAGE x 4, VISION_END]."""
     return [FRAME_TOKENS[k], VISION_START] + [IMAGE] * VISUAL_TOKENS + [VISION_END]
 
 
