@@ -8,7 +8,7 @@ STAMP := $(VENV)/.windowkit-installed
 SG_STAMP := $(VENV)/.windowkit-sglang-installed
 MC_STAMP := $(VENV)/.windowkit-mooncake-installed
 
-.PHONY: demo test venv bench bench-store-tier clean
+.PHONY: demo test venv bench bench-store-tier chromium clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -36,7 +36,15 @@ demo: $(STAMP)
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
 
-test: $(STAMP) $(SG_STAMP) $(MC_STAMP)
+# tests/test_report.py renders report.html in headless Chromium (Debian's package, about 70 s to install).
+# Best effort: without it that test fails with a clear message; it is never skipped.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+		echo "installing Debian chromium (headless report test)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 chromium >/dev/null) \
+		|| echo "warning: could not install chromium; tests/test_report.py will fail" >&2; }
+
+test: $(STAMP) $(SG_STAMP) $(MC_STAMP) chromium
 	env -u SGLANG_USE_CPU_ENGINE $(VPY) -m pytest -q tests
 
 bench: $(STAMP)

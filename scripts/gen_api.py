@@ -92,6 +92,9 @@ EXAMPLES = {
         "StoreCorruptError": 'try:\n    kv = wk.ChunkStore().get_canonical("some-key")\n'
                              'except (wk.StoreCorruptError, wk.ChunkNotFoundError) as e:   # bad checksum / absent\n'
                              '    print(e)',
+        "SharedStoreError": 'try:\n    wk.ChunkStore(shared="mooncake")     # WINDOWKIT_MOONCAKE_* say where the master is\n'
+                            'except wk.SharedStoreError as e:                    # e.reason: unavailable, timeout, ...\n'
+                            '    print(e.reason)',
         "ModelMismatchError": 'wk.ChunkStore(path="kvstore", model_fingerprint=backend.fingerprint(), '
                               'layout=backend.layout).close()\n'
                               'try:\n    wk.ChunkStore(path="kvstore", model_fingerprint="another-model")\n'

@@ -7,7 +7,7 @@
     logits = win.forward(query_ids)
 """
 from windowkit.chunk import Chunk
-from windowkit.errors import (ChunkError, ChunkNotFoundError, KVShapeError, ModelMismatchError, StoreCorruptError,
+from windowkit.errors import (ChunkError, ChunkNotFoundError, KVShapeError, ModelMismatchError, SharedStoreError, StoreCorruptError,
                               TraceFormatError, UnsupportedModelError, WindowkitError)
 
 __version__ = "0.1.0"
@@ -34,5 +34,5 @@ def __getattr__(name: str):  # heavy parts load on first use: `import windowkit`
 
 
 __all__ = ["Chunk", "HFBackend", "SGLangBackend", "Window", "ChunkStore", "WindowkitError", "UnsupportedModelError",
-           "ChunkNotFoundError", "StoreCorruptError", "ModelMismatchError", "TraceFormatError", "ChunkError",
+           "ChunkNotFoundError", "StoreCorruptError", "SharedStoreError", "ModelMismatchError", "TraceFormatError", "ChunkError",
            "KVShapeError", "__version__"]
