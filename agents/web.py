@@ -197,14 +197,14 @@ class WebAgent:
         t0 = time.perf_counter()
         edits = self.win.assign(wanted)
         self.shots.append(shot)
-        if self.recorder is not None:  # once per step: the window both calls read
-            self.recorder.record(self.win, query_tokens=int(planner.numel() + grounder.numel()))
         logits = self.win.forward(planner)  # materializes the window (relocations happen here)
         plan = self.win.generate(planner, max_new_tokens=self.max_new_tokens)
         mid = self.win.stats.as_dict()
         vc_mid = self.backend.stats.vision_calls
         g_logits = self.win.forward(grounder)  # same window, same chunks: no vision run, no encode
         ms = (time.perf_counter() - t0) * 1e3
+        if self.recorder is not None:  # once per step, outside the timed part: the window both calls read
+            self.recorder.record(self.win, query_tokens=int(planner.numel() + grounder.numel()))
         after = self.win.stats.as_dict()
         delta = {k: after[k] - before[k] for k in STAT_FIELDS if k != "vision_calls"}
         delta["vision_calls"] = self.backend.stats.vision_calls - vc0

@@ -12,13 +12,11 @@ Qwen2.5-VL (or ``--model``, a local checkpoint), sliding a ``--window``-frame wi
 ``grow-interleave``, ``append-zoom``, ``random-lookback``). The trace is then replayed with
 ``windowkit.trace.simulate`` under ``--profile`` (default ``h100-kamera``): full recompute, prefix/radix cache,
 blind reuse, token blending and a windowkit Window on the cost-model backend. Prints the totals table and the
-ratios; ``--out DIR`` writes ``summary.json`` there (and the full report, when ``windowkit.trace.report`` is
-available). The costs are *modeled* from the profile; the recorded token counts are the model's own.
+ratios; ``--out DIR`` writes the report there (summary.json, plots, report.html; docs/report.md). The costs are *modeled* from the profile; the recorded token counts are the model's own.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -70,25 +68,11 @@ def record_trace(args, path: str) -> str:
 
 
 def write_out(res, trace, out_dir: str) -> None:
-    """``windowkit.trace.report.write_report`` (summary.json, plots, report.html) when this windowkit has it,
-    else the summary JSON alone."""
-    import inspect
+    """``windowkit.trace.report.write_report``: summary.json, PNG plots and a self-contained report.html."""
+    from windowkit.trace.report import write_report  # matplotlib only when a report is asked for
 
-    try:
-        from windowkit.trace.report import write_report
-    except ImportError:
-        write_report = None
-    os.makedirs(out_dir, exist_ok=True)
-    if write_report is None:
-        with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
-            json.dump(res.summary(), fh, indent=2)
-            fh.write("\n")
-        print(f"\nwrote {os.path.join(out_dir, 'summary.json')}")
-        return
-    kw = {"trace": trace} if "trace" in inspect.signature(write_report).parameters else {}
-    paths = write_report(res, out_dir, **kw)
-    names = sorted(os.path.basename(str(p)) for p in paths.values()) if isinstance(paths, dict) else []
-    print(f"\nwrote the report to {out_dir}: {', '.join(names) or 'see the folder'}")
+    paths = write_report(res, out_dir, trace=trace)
+    print(f"\nwrote the report to {out_dir}: {', '.join(sorted(os.path.basename(str(p)) for p in paths.values()))}")
 
 
 def main(argv=None) -> int:

@@ -339,10 +339,11 @@ class SizeAware(_HeapPolicy):
         return self._h[key]
 
 
-class Belady(EvictionPolicy):
-    """Belady's OPT (offline): evict the key whose next use is farthest in the future (never used again
-    first). The future comes from an oracle: ``set_future({key: [times it is used]})`` and ``advance(now)``
-    as time passes; a use at ``now`` itself counts as upcoming. Ties (e.g. keys never used again, or no
+class Belady(LRU):
+    """Belady (offline): evict the key whose next use is farthest in the future (never used again first).
+    It is OPT for the uses it is given; the simulator gives it every read a step *may* make (a superset of
+    the real ones), so there it is a strong offline reference, not a bound. The future comes from an oracle:
+    ``set_future({key: [times it is used]})`` and ``advance(now)`` as time passes; a use at ``now`` itself counts as upcoming. Ties (e.g. keys never used again, or no
     future given at all) go least-recently-used first, as in ``LRU`` (an unpin counts as a use).
 
     Time is whatever the caller counts in: the trace simulator uses step indices and fills the future
@@ -356,8 +357,7 @@ class Belady(EvictionPolicy):
     name = "belady"
 
     def __init__(self, future: Optional[Mapping[Key, Iterable[int]]] = None) -> None:
-        super().__init__()
-        self._order: OrderedDict[Key, None] = OrderedDict()  # unpinned keys, least recently used first
+        super().__init__()  # LRU's bookkeeping: unpinned keys, least recently used first (the tie order)
         self._uses: dict[Key, list[int]] = {}
         self.now = 0
         if future is not None:
@@ -378,22 +378,6 @@ class Belady(EvictionPolicy):
             return math.inf
         i = bisect.bisect_left(uses, self.now)
         return uses[i] if i < len(uses) else math.inf
-
-    def _on_insert(self, key: Key) -> None:
-        self._order[key] = None
-
-    def _on_touch(self, key: Key) -> None:
-        if key in self._order:
-            self._order.move_to_end(key)
-
-    def _on_remove(self, key: Key, evicted: bool) -> None:
-        self._order.pop(key, None)
-
-    def _on_pin(self, key: Key) -> None:
-        self._order.pop(key, None)
-
-    def _on_unpin(self, key: Key) -> None:
-        self._order[key] = None
 
     def victim(self) -> Optional[Key]:
         best, far = None, -1.0

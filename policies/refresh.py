@@ -19,7 +19,7 @@ Every policy has the same few methods:
 Policies
   never       keep-as-is always (the Window's default behaviour)
   always      refresh every drifted survivor
-  threshold   ``DivergenceThreshold(tau)``: refresh those with divergence >= tau (or flagged rebuild)
+  threshold   ``DivergenceThreshold(tau)``: refresh those with divergence >= tau
   budget      ``Budgeted(k)``: at most the k most diverged per step
 
 Why select by count: ``recondition(limit=k)`` refreshes the k largest divergences, so picking every edit
@@ -75,10 +75,6 @@ class Never(RefreshPolicy):
     name = "never"
 
     def select(self, edits):
-        return []
-
-    def apply(self, win):
-        self.counters["steps"] += 1  # no plan() call: nothing to decide
         return []
 
 

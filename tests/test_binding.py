@@ -25,7 +25,7 @@ _GREYS = (20, 70, 120)  # background of frames 1, 2, 3
 
 
 def _decode(rgb: np.ndarray, k: int) -> dict:
-    """{shape: (cell, colour)} read off the pixels of frame ``k`` (0-based)."""
+    """{colour: (cell, shape)} read off the pixels of frame ``k`` (0-based)."""
     assert tuple(int(v) for v in rgb[0, 0]) == (_GREYS[k],) * 3  # no shape reaches a cell's corner
     out = {}
     for cell in range(task.GRID * task.GRID):
@@ -36,9 +36,9 @@ def _decode(rgb: np.ndarray, k: int) -> dict:
             continue
         filled = [s for s, (dx, dy) in _PROBES.items() if tuple(int(v) for v in rgb[y0 + dy, x0 + dx]) == centre]
         assert len(filled) <= 1, (cell, filled)
-        shape = filled[0] if filled else "circle"
-        assert shape not in out
-        out[shape] = (cell, _RGB[centre])
+        colour = _RGB[centre]
+        assert colour not in out  # colours are identities: one object each
+        out[colour] = (cell, filled[0] if filled else "circle")
     return out
 
 
@@ -47,7 +47,7 @@ def test_generator_is_deterministic():
     assert all(np.array_equal(x, y) for x, y in zip(a.frames, b.frames))
     assert (a.question, a.answer, a.kind, a.layout) == (b.question, b.answer, b.kind, b.layout)
     assert a.layout != c.layout
-    assert a.frames[0].shape == (64, 64, 3) and a.frames[0].dtype == np.uint8
+    assert a.frames[0].shape == (32, 32, 3) and a.frames[0].dtype == np.uint8
 
 
 @pytest.mark.parametrize("index", range(12))
@@ -55,20 +55,35 @@ def test_answers_match_the_drawn_frames(index):
     for kind in ("single_hop", "multi_hop"):
         item = task.make_item(5, index, kind)
         frames = [_decode(f, k) for k, f in enumerate(item.frames)]
-        assert frames == item.layout  # every shape drawn once, in its cell, in its colour
-        colours = [{s: col for s, (_, col) in f.items()} for f in frames]
-        assert len(set(colours[2].values())) == 4  # frame 3 alone: four distinct colours, nothing stands out
-        assert colours[0] == colours[1]
-        changed = [s for s in colours[0] if colours[0][s] != colours[2][s]]
-        assert len(changed) == 1 and colours[2][changed[0]] not in colours[0].values()
+        assert frames == item.layout  # every object drawn once, in its cell, with its shape
+        assert len(frames[0]) == 4 and set(frames[0]) == set(frames[1]) == set(frames[2])
+        shapes = [{col: s for col, (_, s) in f.items()} for f in frames]
+        assert shapes[0] == shapes[1]
+        changed = [col for col in shapes[0] if shapes[0][col] != shapes[2][col]]
+        assert len(changed) == 1
         q = item.question
+        assert len(q) == 1
         if kind == "single_hop":
-            s, frame = divmod(q[0] - 24, 3)  # question tokens 24.. : shape-major, frame-minor
-            assert len(q) == 1 and 0 <= s < 4
-            assert item.answer == task.COLOUR_TOKENS[task.COLOURS.index(colours[frame][task.SHAPES[s]])]
+            c, frame = divmod(q[0] - 24, 3)  # question tokens 24.. : colour-major, frame-minor
+            colour = ("red", "green", "blue", "yellow", "magenta", "cyan")[c]
+            shape_ids = {"circle": 13, "square": 14, "triangle": 15, "cross": 16}
+            assert item.answer == shape_ids[shapes[frame][colour]]
         else:
-            assert q == [task.Q_CHANGED]
-            assert item.answer == task.SHAPE_TOKENS[task.SHAPES.index(changed[0])]
+            assert q == [11]
+            colour_ids = {"red": 17, "green": 18, "blue": 19, "yellow": 20, "magenta": 21, "cyan": 22}
+            assert item.answer == colour_ids[changed[0]]
+
+
+def test_frame_three_alone_says_nothing_about_the_answer():
+    """Over many items, the changed object's frame-3 shape is as often each shape as the others' are."""
+    counts = np.zeros((2, 4))
+    for i in range(2000):
+        item = task.make_item(11, i, "multi_hop")
+        changed = [c for c in item.layout[0] if item.layout[0][c][1] != item.layout[2][c][1]][0]
+        for col, (_, shape) in item.layout[2].items():
+            counts[int(col == changed), ("circle", "square", "triangle", "cross").index(shape)] += 1
+    freq = counts / counts.sum(1, keepdims=True)
+    assert np.abs(freq - 0.25).max() < 0.05  # uniform for the changed object and for the others alike
 
 
 def test_pixels_match_the_qwen2_vl_image_processor():

@@ -152,7 +152,10 @@ def test_recorded_orders_win_over_the_trace(tmp_path):
 
 def test_report_without_trace_and_long_run(tmp_path):
     res = simulate(T, P, strategies=["recompute"], progress=False)
-    paths = write_report(res, tmp_path / "short")
+    paths = write_report(res, tmp_path / "short")  # the result records its orders: a timeline without the trace
+    assert "window_timeline" in paths and "cost_per_step" in paths
+    res.orders, res.queries = [], []  # a result that recorded nothing and no trace: no timeline, no error
+    paths = write_report(res, tmp_path / "bare")
     assert "window_timeline" not in paths and "cost_per_step" in paths
     trace = sliding_window(steps=2100, k=3)  # > 2000 steps: binned plots, no per-step series in the JSON
     res = simulate(trace, P, strategies=["recompute", "blind"], progress=False)
@@ -203,3 +206,18 @@ def test_cli_calibrate_rejects_bad_options(tmp_path, capsys):
     assert "tokens must be a positive integer" in capsys.readouterr().err
     assert cli.main(["calibrate", "--out", str(tmp_path)]) == 1  # a directory, caught before any timing
     assert not (tmp_path / "p.json").exists()
+
+
+def test_served_tokens_come_from_the_result_without_a_trace():
+    """The served-token line (context + query of every step) equals a full recompute's prefill, with or without
+    the trace passed to the report: simulate records orders and query sizes in the result."""
+    from windowkit.trace import simulate
+    from windowkit.trace.generators import sliding_window
+    from windowkit.trace.report import _orders
+
+    trace = sliding_window(steps=10)
+    res = simulate(trace, "h100-kamera", ["recompute"], progress=False)
+    for t in (None, trace):
+        orders, queries = _orders(t, 10, res)
+        served = sum(c.tokens for ctx in orders for c in ctx) + sum(queries)
+        assert served == res.totals("recompute")["prefill_tokens"]

@@ -542,3 +542,31 @@ def test_sglang_unified_radix_cache_drives_the_linker(hf, model, monkeypatch):
     assert (plain.device_prefix_len, plain.host_hit_length) == (0, 0)  # exact-prefix request: nothing approximate
     s = REGISTRY.stats
     assert (s.applied, s.tokens_restored, s.fallbacks) == (1, 20, 0)
+
+
+def test_plans_sharing_leading_pages_each_restore_their_own(hf):
+    """Two exact plans share their first pages (same chunk A, no salt): each request still finds its own plan
+    by rid and restores every page of it; nothing falls back."""
+    B2 = [t + 1 for t in B]
+    kvs, reqs = [], []
+    linker, alloc, pool = _linker()
+    for i, second in enumerate((B, B2)):
+        win = Window(hf, rank=4, mode="exact")
+        win.admit(Chunk.text(torch.tensor(A), id="A"))
+        win.admit(Chunk.text(torch.tensor(second), id=f"B{i}"))
+        kv = win.window_kv()
+        plan, kw = plan_request(kv, A + second, Q, page_size=PAGE, fingerprint=hf.fingerprint(), mode="exact",
+                                rid=f"r{i}")
+        assert plan.cache_salt is None  # unsalted: the two plans' first 3 page hashes are equal
+        req = _recv_req(kw)
+        on_generate_request(None, req)
+        kvs.append(kv)
+        reqs.append(req)
+    fallbacks = REGISTRY.stats.fallbacks
+    for kv, req in zip(kvs, reqs):
+        hit, slots, landed = _serve(linker, alloc, req)
+        n = hit * PAGE
+        assert landed and n == (len(A) + len(B)) // PAGE * PAGE
+        for l, (k, v) in enumerate(kv.layers):
+            assert torch.equal(pool.k_buffer[l][slots], k[:, :n].transpose(0, 1))
+    assert REGISTRY.stats.fallbacks == fallbacks

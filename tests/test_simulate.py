@@ -226,3 +226,21 @@ def test_bounded_store_bytes_held_counts_only_what_the_store_holds():
     p = wk.p
     last = res.steps[wk.name][-1].bytes_held
     assert last == (held_canon + wk.win.num_tokens) * p.kv_bytes_per_token + held_patch * p.patch_bytes_per_token
+
+
+def test_simulate_store_options_reach_windowkit_fast_and_bad_combinations_are_refused():
+    """simulate(store_budget_bytes=...) bounds windowkit-fast too (it then equals the real Window step by step);
+    options it cannot model, and a store policy without a budget, are errors rather than silently ignored."""
+    from windowkit.errors import WindowkitError
+    from windowkit.trace.generators import random_lookback
+
+    trace = random_lookback(steps=30, seed=2)
+    res = simulate(trace, "h100-kamera", ["windowkit", "windowkit-fast"], progress=False, store_budget_bytes=40_000)
+    unbounded = simulate(trace, "h100-kamera", ["windowkit-fast"], progress=False)
+    assert res.per_step("windowkit") == res.per_step("windowkit-fast")
+    assert res.totals("windowkit-fast")["encodes"] > unbounded.totals("windowkit-fast")["encodes"]
+    with pytest.raises(WindowkitError, match="LRU store"):
+        simulate(trace, "h100-kamera", ["windowkit-fast"], progress=False, store_budget_bytes=40_000,
+                 store_policy="belady")
+    with pytest.raises(WindowkitError, match="needs a store budget"):
+        simulate(trace, "h100-kamera", ["windowkit"], progress=False, store_policy="lfu")

@@ -79,7 +79,9 @@ def _orders(trace: Optional[TraceLike], n: int, result: Optional[SimResult] = No
     items = list(trace)[:n] if trace is not None else []
     steps = items if items and isinstance(items[0], Step) else None
     queries = [s.query_tokens for s in steps] if steps else None
-    if recorded is not None:
+    if not queries and getattr(result, "queries", None):
+        queries = list(result.queries[:n])
+    if recorded:
         return [list(o) for o in recorded[:n]], queries
     if trace is None:
         return None, None
@@ -393,8 +395,8 @@ def write_report(result: SimResult, out_dir: Union[str, os.PathLike], trace: Opt
         paths["cost_per_step"] = plot_cost_per_step(result, out / "cost_per_step.png")
         paths["cumulative_time"] = plot_cumulative(result, out / "cumulative_time.png")
         served = None
-        if orders is not None:
-            served = sum(c.tokens for ctx in orders for c in ctx) + sum(queries or [])
+        if orders is not None and queries is not None:
+            served = sum(c.tokens for ctx in orders for c in ctx) + sum(queries)
         paths["hit_miss"] = plot_hit_miss(result, out / "hit_miss.png", served)
     if orders is not None:
         paths["window_timeline"] = plot_timeline(result, orders, out / "window_timeline.png")

@@ -331,6 +331,7 @@ class WindowkitStrategy(Strategy):
         self.name = name
         self.store_policy, self.refresh = store_policy, refresh
         self.window_kw = window_kw  # passed to Window(...), e.g. form="lazy", svd="randomized"
+        _check_store_options(self)
 
     def _make_store_policy(self):
         from policies.eviction import EvictionPolicy, make_eviction_policy
@@ -366,10 +367,11 @@ class WindowkitStrategy(Strategy):
         self._t = 0  # step index (the Belady oracle's clock)
 
     def prepare(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]]) -> None:
-        """For a Belady store: every store entry each step will read (see ``store_future``)."""
+        """For a Belady store: every store entry each step may read (see ``store_future``)."""
         pol = self.store.policy
         if hasattr(pol, "set_future"):
-            pol.set_future(store_future(orders, lambda x: self._chunk(x).content_hash(), self.backend.fingerprint()))
+            pol.set_future(store_future(orders, lambda x: self._chunk(x).content_hash(), self.backend.fingerprint(),
+                                        prefix_key=self.win._prefix_key))
 
     def _chunk(self, x: ChunkRef) -> Chunk:
         ch = self.chunks.get(x.id)
@@ -449,6 +451,12 @@ def make_strategies(spec: Optional[Sequence[Union[str, Strategy]]] = None) -> li
     return out
 
 
+def _check_store_options(s: Any) -> None:
+    if getattr(s, "store_policy", None) is not None and s.budget is None:
+        raise WindowkitError(f"{s.name}: store_policy={s.store_policy!r} needs a store budget (store_budget_bytes / "
+                             "--store-budget): an unbounded store never evicts")
+
+
 def store_future(orders: Sequence[Sequence[ChunkRef]], content_hash: Callable[[ChunkRef], str],
                  fingerprint: str, prefix_key: str = "") -> dict[tuple, list[int]]:
     """The store entries each step reads, as ``{entry id: [step indices]}`` (the Belady oracle): the
@@ -506,6 +514,7 @@ class SimResult:
     wall_s: dict[str, float] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     orders: list = field(default_factory=list, repr=False)  # the order each step was replayed in (placement applied)
+    queries: list = field(default_factory=list, repr=False)  # each step's query_tokens
 
     def totals(self, name: str) -> dict:
         return _totals(self.steps[name])
@@ -579,13 +588,19 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
     strats = make_strategies(strategies)
     given = {id(s) for s in (strategies or ()) if isinstance(s, Strategy)}
     for s in strats:
-        if isinstance(s, WindowkitStrategy) and id(s) not in given:
-            if store_budget_bytes is not None:
-                s.budget = store_budget_bytes
+        if id(s) in given or not s.name.startswith("windowkit"):
+            continue
+        if store_budget_bytes is not None:
+            s.budget = store_budget_bytes
+        if isinstance(s, WindowkitStrategy):
             if store_policy is not None:
                 s.store_policy = store_policy
             if refresh is not None:
                 s.refresh = refresh
+        elif store_policy not in (None, "lru") or refresh is not None:  # windowkit-fast: an LRU store, no refresh
+            raise WindowkitError(f"{s.name} models only an LRU store and no refresh policy: use the 'windowkit' "
+                                 f"strategy for store_policy={store_policy!r} / refresh={refresh!r}")
+        _check_store_options(s)
     steps = list(trace)[:max_steps] if max_steps is not None else list(trace)
     orders, pol = resolve_placement(steps, placement, prof)
     for s in strats:
@@ -629,7 +644,7 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
                 meta[f"{s.name}_store"] = {"policy": s.store.policy.name, "budget_bytes": s.budget,
                                            "evictions": s.store.stats.evictions, "rejected": s.store.stats.rejected}
     return SimResult(getattr(trace, "name", "") or "trace", prof.name, [s.name for s in strats], costs, wall, meta,
-                     orders=orders)
+                     orders=orders, queries=[st.query_tokens for st in steps])
 
 
 def compare_placements(trace: Union[Trace, Sequence[Step]], placements: Sequence[Any] = ("listed", "arrival", "greedy",

@@ -112,9 +112,11 @@ class SGLangBackend:
 
     @classmethod
     def launch(cls, model_path: str, kv_backend: Any, *, page_size: int = 16, spool_dir: Optional[str] = None,
-               stats_path: Optional[str] = None, **engine_kwargs: Any) -> "SGLangBackend":
+               stats_path: Optional[str] = None, config: Any = None, share_exact: bool = True,
+               **engine_kwargs: Any) -> "SGLangBackend":
         """Start an SGLang Engine with the windowkit linker. Needs a CUDA GPU and sglang with its dependencies;
-        raises UnsupportedModelError otherwise (nothing is started)."""
+        raises UnsupportedModelError otherwise (nothing is started). The Engine's schedulers run in other
+        processes, so plans' KV always travel as files: ``spool_dir`` (default: a new temporary directory)."""
         if not torch.cuda.is_available():
             raise UnsupportedModelError("SGLangBackend.launch needs a CUDA GPU (SGLang's Engine does not run on "
                                         "this machine's CPU); use HFBackend here")
@@ -127,7 +129,12 @@ class SGLangBackend:
                                unified_cache_external_linker_backend="dynamic",
                                unified_cache_external_linker_config=linker_config(kv_backend.fingerprint(), stats_path),
                                **engine_kwargs)
-        return cls(engine, kv_backend, page_size=page_size, spool_dir=spool_dir)
+        if spool_dir is None:  # an in-process ("mem:") handle is never found by a scheduler process
+            import tempfile
+
+            spool_dir = tempfile.mkdtemp(prefix="windowkit-spool-")
+        return cls(engine, kv_backend, page_size=page_size, spool_dir=spool_dir, config=config,
+                   share_exact=share_exact)
 
     # ------------------------------------------------------------------ the Backend protocol (KV side)
     @property

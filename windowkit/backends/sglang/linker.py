@@ -132,11 +132,12 @@ class PlanRegistry:
         """The plan for this request and the page offset of ``keys[0]`` in it (None: keys not in the plan)."""
         with self.lock:
             entry = self.by_rid.get(rid)
-            if keys:
-                hit = self.by_hash.get(keys[0])
-                if hit is not None and (entry is None or hit[0] is entry):
-                    return hit
-            return entry, None
+            if entry is not None:  # the rid's own plan first: another plan may share its leading pages
+                if keys and keys[0] in entry.hashes:
+                    return entry, entry.hashes.index(keys[0])
+                return entry, None
+            hit = self.by_hash.get(keys[0]) if keys else None
+            return hit if hit is not None else (None, None)
 
     def fallback(self, entry: Optional[_Entry], reason: str, plan_id: str = "") -> None:
         """Count one fallback (once per request and plan)."""

@@ -4,20 +4,21 @@
     item.frames                              # 3 x RGB uint8 [32, 32, 3]
     item.question, item.answer, item.kind    # token ids, answer token id, "single_hop" | "multi_hop"
 
-Every frame shows the same four shapes (circle, square, triangle, cross) on a 2x2 grid of 16-px cells,
-each shape in one cell, cells reshuffled from frame to frame, on a background grey that tells the frame. Frames 1 and 2 give every shape the same
-colour (four distinct colours out of six); in frame 3 exactly one shape has a new colour (one unused in
-frame 1), the other three keep theirs.
+Every frame shows the same four objects on a 2x2 grid of 16-px cells, one per cell, cells reshuffled from
+frame to frame, on a background grey that tells the frame. An object's identity is its colour (four
+distinct colours out of six per item); its shape (circle, square, triangle, cross; repeats allowed) is
+the property that changes: frames 1 and 2 agree, in frame 3 exactly one object has a new shape.
 
-  single_hop  "what colour is <shape> in frame <k>?"   -> a colour   (read from one frame; chance 1/6)
-  multi_hop   "which shape changed colour, 1 -> 3?"    -> a shape    (chance 1/4)
+  single_hop  "what shape is the <colour> object in frame <k>?"    -> a shape   (read from one frame)
+  multi_hop   "which object changed shape between frames 1 and 3?" -> a colour  (needs frames 1 and 3)
 
-Why this design (and not "where did the red shape move to"): frame 3 alone is uniformly ambiguous (four
-distinct colours, any of which could be the new one), so the answer exists only in the *binding* of each
-frame-3 shape to its frame-1 colour. The natural way for a causal model to compute it is per object, in
-frame 3's own tokens (each attends to its frame-1 twin and compares colours), and a single query token
-cannot compare four pairs itself; so the binding is written into frame 3's KV, which blind reuse drops.
-Cells are not answers: under RoPE a token's value carries no position, so "which cell" is hard to read out.
+Why this design (and not "where did the red shape move to"): frame 3 alone is uninformative (its shapes
+are i.i.d. uniform whichever object changed), so the answer exists only in the *binding* of each frame-3
+object to its frame-1 twin. A causal model computes it per object, in frame 3's own tokens (each attends
+to the frame-1 token of its colour and compares shapes); one query token cannot compare four pairs
+itself. So the binding is written into frame 3's KV, which blind reuse drops. Cells are not answers:
+under RoPE a token's value carries no position. The identity is the colour (a salient pixel feature the
+attention can key on at once); with shape as the identity the model stayed at the prior (see docs).
 
 Sequence layout (all items the same length, 23 tokens):
   [BOS] + 3 x [FRAME_k, VISION_START, IMAGE x 4, VISION_END] + 1 question token; loss on the answer only.
@@ -49,16 +50,16 @@ BACKGROUNDS = (20, 70, 120)
 # vocabulary (ids < VOCAB)
 PAD, BOS, EOS, VISION_START, VISION_END, IMAGE, VIDEO = range(7)
 FRAME_TOKENS = (7, 8, 9)  # FRAME_1..3
-Q_CHANGED = 11  # "which shape changed colour between frame 1 and frame 3?"
+Q_CHANGED = 11  # "which object changed shape between frame 1 and frame 3?"
 SHAPE_TOKENS = tuple(range(13, 13 + len(SHAPES)))
 COLOUR_TOKENS = tuple(range(17, 17 + len(COLOURS)))
-# one token per single-hop question "what colour is <shape> in frame <k>?": Q_COLOUR_OF[s][k]
+# one token per single-hop question "what shape is the <colour> object in frame <k>?": Q_SHAPE_OF[c][k]
 # (a one-token question lets the query attend by content at once; a 4-token question needed an extra
 # gather step and the model stayed at the answer prior for 300 CPU steps)
-Q_COLOUR_OF = tuple(tuple(24 + 3 * s + k for k in range(3)) for s in range(len(SHAPES)))
+Q_SHAPE_OF = tuple(tuple(24 + 3 * c + k for k in range(3)) for c in range(len(COLOURS)))
 VOCAB = 48
 KINDS = ("single_hop", "multi_hop")
-CANDIDATES = {"single_hop": COLOUR_TOKENS, "multi_hop": SHAPE_TOKENS}  # answer set of each kind
+CANDIDATES = {"single_hop": SHAPE_TOKENS, "multi_hop": COLOUR_TOKENS}  # answer set of each kind
 SEQ_LEN = 1 + N_FRAMES * (VISUAL_TOKENS + 3) + 1
 
 
@@ -70,16 +71,16 @@ class Item:
     question: list  # token ids (one token)
     answer: int  # token id
     kind: str  # "single_hop" | "multi_hop"
-    layout: list  # per frame: {shape: (cell, colour)}
+    layout: list  # per frame: {colour: (cell, shape)}
 
 
 def draw_frame(layout: dict, k: int = 0) -> np.ndarray:
     """RGB uint8 [32, 32, 3] of frame ``k`` (0-based; sets the background grey) with each
-    ``shape: (cell, colour)`` drawn filled inside its 16-px cell."""
+    ``colour: (cell, shape)`` drawn filled inside its 16-px cell."""
     import cv2
 
     img = np.full((FRAME, FRAME, 3), BACKGROUNDS[k], dtype=np.uint8)
-    for shape, (cell, colour) in layout.items():
+    for colour, (cell, shape) in layout.items():
         r, c = divmod(cell, GRID)
         x0, y0 = c * CELL, r * CELL
         col = RGB[colour]
@@ -96,29 +97,35 @@ def draw_frame(layout: dict, k: int = 0) -> np.ndarray:
     return img
 
 
+def changed_colour(item: "Item") -> str:
+    """The colour (identity) of the object whose shape differs between frames 1 and 3."""
+    return [c for c in item.layout[0] if item.layout[0][c][1] != item.layout[2][c][1]][0]
+
+
 def make_item(seed: int, index: int, kind: str | None = None) -> Item:
     """Item ``index`` of the stream seeded by ``seed`` (independent of every other item)."""
     rng = np.random.default_rng([int(seed), int(index)])
     if kind is None:
         kind = KINDS[int(rng.integers(2))]
     n = len(SHAPES)
-    colours1 = [COLOURS[i] for i in rng.permutation(len(COLOURS))[:n]]  # distinct, per shape
+    colours = [COLOURS[i] for i in rng.permutation(len(COLOURS))[:n]]  # the four objects
+    shapes1 = [SHAPES[int(i)] for i in rng.integers(len(SHAPES), size=n)]  # repeats allowed
     changed = int(rng.integers(n))
-    unused = [c for c in COLOURS if c not in colours1]
-    colours3 = list(colours1)
-    colours3[changed] = unused[int(rng.integers(len(unused)))]
+    shapes3 = list(shapes1)
+    others = [s for s in SHAPES if s != shapes1[changed]]
+    shapes3[changed] = others[int(rng.integers(len(others)))]
     layouts = []
-    for colours in (colours1, colours1, colours3):
+    for shapes in (shapes1, shapes1, shapes3):
         cells = rng.permutation(GRID * GRID)[:n]
-        layouts.append({s: (int(cells[i]), colours[i]) for i, s in enumerate(SHAPES)})
+        layouts.append({c: (int(cells[i]), shapes[i]) for i, c in enumerate(colours)})
     if kind == "single_hop":
-        s = int(rng.integers(n))
+        c = int(rng.integers(n))
         k = int(rng.integers(N_FRAMES))
-        question = [Q_COLOUR_OF[s][k]]
-        answer = COLOUR_TOKENS[COLOURS.index(layouts[k][SHAPES[s]][1])]
+        question = [Q_SHAPE_OF[COLOURS.index(colours[c])][k]]
+        answer = SHAPE_TOKENS[SHAPES.index(layouts[k][colours[c]][1])]
     elif kind == "multi_hop":
         question = [Q_CHANGED]
-        answer = SHAPE_TOKENS[changed]
+        answer = COLOUR_TOKENS[COLOURS.index(colours[changed])]
     else:
         from windowkit.errors import WindowkitError
 
@@ -134,21 +141,21 @@ def make_training_sequence(seed: int, index: int, n_questions: int = 8) -> tuple
     """
     item = make_item(seed, index)
     rng = np.random.default_rng([int(seed), int(index), 1])
-    pairs = [(s, k) for s in range(len(SHAPES)) for k in range(N_FRAMES)]
+    present = list(item.layout[0])
+    pairs = [(c, k) for c in present for k in range(N_FRAMES)]
     qs, answers = [list(item.question)], [item.answer]
     extra = [pairs[int(i)] for i in rng.permutation(len(pairs))]
     multi_slot = -1 if item.kind == "multi_hop" else int(rng.integers(1, n_questions + 2))  # may fall off the end
     for j in range(1, n_questions):
         if j == multi_slot:
             qs.append([Q_CHANGED])
-            changed = [s for s in SHAPES if item.layout[0][s][1] != item.layout[2][s][1]][0]
-            answers.append(SHAPE_TOKENS[SHAPES.index(changed)])
+            answers.append(COLOUR_TOKENS[COLOURS.index(changed_colour(item))])
             continue
-        s, k = extra.pop()
-        if item.kind == "single_hop" and item.question == [Q_COLOUR_OF[s][k]]:
-            s, k = extra.pop()
-        qs.append([Q_COLOUR_OF[s][k]])
-        answers.append(COLOUR_TOKENS[COLOURS.index(item.layout[k][SHAPES[s]][1])])
+        c, k = extra.pop()
+        if [Q_SHAPE_OF[COLOURS.index(c)][k]] == item.question:
+            c, k = extra.pop()
+        qs.append([Q_SHAPE_OF[COLOURS.index(c)][k]])
+        answers.append(SHAPE_TOKENS[SHAPES.index(item.layout[k][c][1])])
     tokens: list = []
     for q, a in zip(qs, answers):
         tokens += q + [a]
@@ -223,5 +230,5 @@ def batch(items: list) -> dict:
                 labels=torch.tensor([it.answer for it in items]))
 
 
-__all__ = ["Item", "make_item", "draw_frame", "frame_pixels", "frame_chunk", "frame_ids", "batch", "SHAPES",
+__all__ = ["Item", "make_item", "changed_colour", "draw_frame", "frame_pixels", "frame_chunk", "frame_ids", "batch", "SHAPES",
            "COLOURS", "KINDS", "CANDIDATES", "VOCAB", "SEQ_LEN"]
