@@ -291,3 +291,21 @@ def test_cli_placement_and_store_flags_reach_the_run(tmp_path):
     assert s["placement"] == "arrival" and s["meta"]["placement"] == "arrival"
     assert s["meta"]["windowkit_store"]["policy"] == "belady"
     assert s["meta"]["windowkit_store"]["budget_bytes"] == 200000
+
+
+def test_cli_policy_flag_routes_each_name_to_its_family(tmp_path):
+    """``--policy`` takes any policy name and sets its family; unknown or conflicting names are errors."""
+    import json
+
+    from windowkit.cli import main as cli_main
+
+    out = tmp_path / "s.json"
+    assert cli_main(["simulate", "grow-interleave-set-small", "--policy", "greedy", "--policy", "belady",
+                     "--policy", "threshold:0.5", "--store-budget", "200000", "--strategy", "windowkit",
+                     "--max-steps", "6", "--no-progress", "--json", str(out)]) == 0
+    s = json.loads(out.read_text())
+    assert s["placement"] == "greedy"
+    assert s["meta"]["windowkit_store"]["policy"] == "belady"
+    assert "threshold" in s["meta"]["windowkit_refresh"]["policy"].lower()
+    assert cli_main(["simulate", "sliding-3", "--policy", "nonsense", "--no-progress"]) == 1
+    assert cli_main(["simulate", "sliding-3", "--policy", "greedy", "--placement", "orbit", "--no-progress"]) == 1

@@ -701,6 +701,10 @@ def placement_table(rows: dict, strategy: str = "windowkit", base: str = "arriva
 
 
 # ====================================================================== CLI hooks (wired by windowkit/cli.py)
+_PLACEMENT_NAMES = ("listed", "arrival", "greedy", "orbit", "optimal")
+_STORE_POLICY_NAMES = ("lru", "lfu", "fifo", "size", "gds", "belady")
+
+
 def load_trace_arg(spec: str) -> Trace:
     """A trace from a CLI argument: a JSONL path, ``videotree[:N]`` (first N questions), ``videotree-set[:N]`` (the
     same, unordered: placement policies may choose) or a generator name (``sliding-3``, ``grow-interleave``,
@@ -729,19 +733,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write the summary JSON here")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="write a report here: summary.json, PNG plots and a self-contained report.html")
-    parser.add_argument("--placement", default=None, choices=["listed", "arrival", "greedy", "orbit", "optimal"],
+    parser.add_argument("--policy", action="append", default=[], metavar="NAME",
+                        help="any policy by name (repeatable), routed to its family: placement (listed arrival greedy "
+                             "orbit optimal), store eviction (lru lfu fifo size gds belady), refresh (never always "
+                             "threshold:TAU budget:K)")
+    parser.add_argument("--placement", default=None, choices=list(_PLACEMENT_NAMES),
                         help="order of ordered:false steps (default: listed, or the previous order if the set is unchanged)")
     parser.add_argument("--store-budget", type=int, default=None,
                         help="bound windowkit's store to this many bytes (default: unbounded)")
-    parser.add_argument("--store-policy", default=None, choices=["lru", "lfu", "fifo", "size", "gds", "belady"],
+    parser.add_argument("--store-policy", default=None, choices=list(_STORE_POLICY_NAMES),
                         help="eviction policy of the bounded store (belady: offline OPT from the trace)")
     parser.add_argument("--refresh", default=None, help="patch refresh policy: never | always | threshold:TAU | budget:K")
     parser.add_argument("--no-progress", action="store_true")
 
 
+def _route_policy(args: argparse.Namespace, name: str) -> None:
+    """``--policy NAME``: set the placement, store policy or refresh policy it names (one of each at most)."""
+    fam = ("placement" if name in _PLACEMENT_NAMES else "store_policy" if name in _STORE_POLICY_NAMES
+           else "refresh" if name in ("never", "always") or name.split(":")[0] in ("threshold", "budget") else None)
+    if fam is None:
+        raise WindowkitError(f"--policy {name!r}: not a placement ({', '.join(_PLACEMENT_NAMES)}), store policy "
+                             f"({', '.join(_STORE_POLICY_NAMES)}) or refresh policy (never, always, threshold:TAU, "
+                             "budget:K)")
+    if getattr(args, fam) not in (None, name):
+        raise WindowkitError(f"--policy {name!r}: the {fam.replace('_', ' ')} is already {getattr(args, fam)!r}")
+    setattr(args, fam, name)
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """``windowkit simulate``: print the totals table and ratios; optionally write the summary JSON (``--json``)
     and a report directory (``--out``: summary.json, plots, report.html; see ``windowkit.trace.report``)."""
+    for name in args.policy:
+        _route_policy(args, name)
     trace = load_trace_arg(args.trace)
     res = simulate(trace, args.profile, args.strategy, max_steps=args.max_steps,
                    progress=False if args.no_progress else None, placement=args.placement,

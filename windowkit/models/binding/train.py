@@ -48,7 +48,7 @@ def accuracy(model, seed: int, n: int, bs: int = 64) -> dict:
     return {k: (h / max(t, 1), t) for k, (h, t) in hits.items()}
 
 
-def train(steps: int = 1500, batch_size: int = 32, lr: float = 5e-3, seed: int = 0, out: Optional[str] = None,
+def train(steps: int = 3000, batch_size: int = 32, lr: float = 5e-3, seed: int = 0, out: Optional[str] = None,
           eval_every: int = 250, progress: bool = True, questions: int = 8) -> dict:
     """Train from a seeded init; save to ``out`` (safetensors + config.json) and return a log dict."""
     from tqdm import tqdm
@@ -104,7 +104,7 @@ def train(steps: int = 1500, batch_size: int = 32, lr: float = 5e-3, seed: int =
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="train-binding", description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--seed", type=int, default=0)
