@@ -22,6 +22,9 @@ commands:
               --out DIR writes summary.json, PNG plots and a self-contained report.html
   calibrate   measure a cost profile on this machine (--out PATH, default ./windowkit-profile.json);
               use it with `windowkit simulate TRACE --profile PATH`
+  eval-binding  accuracy of the trained binding model per reuse strategy and question kind
+              (--n N items per kind, --json PATH)
+  train-binding reproduce the binding model's checkpoint (CPU, ~17 min)
 
 `windowkit <command> --help` lists a command's options.
 """
@@ -46,6 +49,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from windowkit.trace.calibrate import main as calibrate_main
 
             return int(calibrate_main(rest) or 0)
+        if cmd == "eval-binding":
+            from windowkit.models.binding.eval import main as eval_binding_main
+
+            return int(eval_binding_main(rest) or 0)
+        if cmd == "train-binding":
+            from windowkit.models.binding.train import main as train_binding_main
+
+            return int(train_binding_main(rest) or 0)
         if cmd == "bench":
             if not rest or rest[0] != "kv":
                 print("usage: windowkit bench kv [--quick] [--json PATH]", file=sys.stderr)

@@ -122,7 +122,7 @@ def item_predictions(backend: Any, item: task.Item, tag: str, strategies: Sequen
 
 
 def evaluate(model: Any = None, n: int = 100, seed: int = HELDOUT_SEED, strategies: Sequence[str] = STRATEGIES,
-             progress: bool = False) -> dict:
+             progress: bool = False, per_item: Optional[list] = None) -> dict:
     """Accuracy per kind and strategy on ``n`` held-out items of each kind.
 
         res = evaluate(n=50)      # {"multi_hop": {"reprefill": {"accuracy", "n", "ci95"}, ...}, "single_hop": ...}
@@ -141,6 +141,8 @@ def evaluate(model: Any = None, n: int = 100, seed: int = HELDOUT_SEED, strategi
         preds = item_predictions(backend, item, f"{kind}{i}", strategies)
         for s, p in preds.items():
             hits[kind][s] += int(p == item.answer)
+        if per_item is not None:
+            per_item.append({"kind": kind, "answer": item.answer, **preds})
     return {kind: {s: {"accuracy": hits[kind][s] / n if n else 0.0, "n": n, "ci95": wilson(hits[kind][s], n)}
                    for s in strategies} for kind in ("multi_hop", "single_hop")}
 
@@ -158,6 +160,17 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def flips(per_item: list, kind: str = "multi_hop") -> str:
+    """How many items blind reuse flips away from the re-prefill answer, and how many each strategy restores."""
+    rows = [r for r in per_item if r["kind"] == kind and "blind" in r and "reprefill" in r]
+    flipped = [r for r in rows if r["blind"] != r["reprefill"]]
+    parts = [f"{kind}: blind changes the re-prefill answer on {len(flipped)}/{len(rows)} items"]
+    for s in rows[0] if rows else []:
+        if s not in ("kind", "answer", "reprefill", "blind"):
+            parts.append(f"{s} restores {sum(r[s] == r['reprefill'] for r in flipped)}/{len(flipped)}")
+    return "; ".join(parts)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="eval-binding", description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=100, help="held-out items per question kind")
@@ -168,8 +181,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(1)
     from windowkit.models.binding.model import load
 
-    res = evaluate(load(a.model), a.n, strategies=[s for s in a.strategies.split(",") if s], progress=True)
+    per_item: list = []
+    res = evaluate(load(a.model), a.n, strategies=[s for s in a.strategies.split(",") if s], progress=True,
+                   per_item=per_item)
     print(table(res))
+    for kind in ("multi_hop", "single_hop"):
+        print(flips(per_item, kind))
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
