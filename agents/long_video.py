@@ -37,6 +37,7 @@ import torch
 from agents.video_io import Frame, VideoError, read_frames
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, UnsupportedModelError, WindowkitError
+from windowkit.trace.record import recording
 
 #: ``win.stats`` fields logged per step (deltas), plus the backend's ``vision_calls``
 STAT_FIELDS = ("encodes", "patch_forms", "patch_reuses", "patch_applies", "relocations", "prefill_tokens",
@@ -310,11 +311,7 @@ class LongVideoAgent:
         prev: list[Chunk] = []
         it: Iterable = progress(plan) if progress is not None else plan
         exact_ms_tok: list[float] = []
-        if self.record is not None:
-            from windowkit.trace.record import TraceRecorder
-
-            self.recorder = TraceRecorder(self.record)
-        try:
+        with recording(self, self.record):  # a failed step leaves the steps done so far in the trace
             for s in it:
                 row = self.step(s, [frames[i] for i in s.frames], question, prompt, prev)
                 prev = [frames[i] for i in s.frames] + [question]
@@ -323,10 +320,6 @@ class LongVideoAgent:
                 report.steps.append(row)
                 if on_step is not None:
                     on_step(row)
-        finally:  # a failed step leaves the steps done so far in the trace
-            if self.recorder is not None:
-                self.recorder.close()
-                self.recorder = None
         report.stats = self.win.stats.as_dict()
         report.vision_calls = self.backend.stats.vision_calls
         if exact_ms_tok:

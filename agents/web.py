@@ -38,6 +38,7 @@ from agents.long_video import FrameEncoder, _common_prefix_tokens, _kl
 from agents.video_io import Frame
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
+from windowkit.trace.record import recording
 
 #: ``win.stats`` fields logged per step (deltas); ``vision_calls`` is the backend's delta
 STAT_FIELDS = ("encodes", "patch_forms", "patch_reuses", "patch_applies", "relocations", "prefill_tokens",
@@ -227,20 +228,12 @@ class WebAgent:
         """Start the task and run one step per screenshot; returns the per-step logs."""
         self.start(task_ids)
         report = WebReport()
-        if self.record is not None:
-            from windowkit.trace.record import TraceRecorder
-
-            self.recorder = TraceRecorder(self.record)
-        try:
+        with recording(self, self.record):  # a failed step leaves the steps done so far in the trace
             for img in images:
                 row = self.step(img, planner_ids, grounder_ids)
                 report.steps.append(row)
                 if on_step is not None:
                     on_step(row)
-        finally:  # a failed step leaves the steps done so far in the trace
-            if self.recorder is not None:
-                self.recorder.close()
-                self.recorder = None
         report.stats = self.win.stats.as_dict()
         report.vision_calls = self.backend.stats.vision_calls
         report.distinct_screenshots = len({c.content_hash() for c in self.shots})

@@ -14,15 +14,12 @@ from policies.placement import (PLACEMENTS, Arrival, GreedyPatchHit, History, Li
                                 PatchHitCost, make_placement, model_cost, step_cost)
 from policies.refresh import Always, Budgeted, DivergenceThreshold, Never, make_refresh
 from windowkit.errors import WindowkitError
-from windowkit.trace import ChunkRef, CostModelBackend, CostProfile, Step, Trace, simulate
+from windowkit.trace import ChunkRef, CostModelBackend, Step, Trace, simulate
 from windowkit.trace.generators import grow_interleave, random_lookback, random_lookback_set, sliding_window
 from windowkit.trace.simulate import WindowkitStrategy, resolve_orders, resolve_placement, store_future
 
 A, B, C, D = (ChunkRef(id=k, tokens=n) for k, n in (("A", 4), ("B", 2), ("C", 3), ("D", 1)))
-# same unit profile as tests/test_simulate.py: 1 ms per prefill token, replay 0.5, apply 0.25, SVD 0.125
-P = CostProfile(name="unit", source="hand-made for tests", vision_encode_ms_per_token=2.0, prefill_ms_per_token=1.0,
-                kv_replay_ms_per_token=0.5, patch_apply_ms_per_token=0.25, patch_form_ms_per_token=0.125,
-                kv_bytes_per_token=100, patch_bytes_per_token=10)
+from hand_trace import P  # noqa: E402  (the unit profile of tests/test_simulate.py)
 
 
 def unordered(*contexts) -> list[Step]:

@@ -13,19 +13,10 @@ import pytest
 from PIL import Image, ImageStat
 
 from windowkit import cli
-from windowkit.trace import ChunkRef, CostProfile, Step, Trace, load_profile, simulate, sliding_window
+from windowkit.trace import load_profile, simulate, sliding_window
 from windowkit.trace.report import PLOTS, downsample, rolling_mean, timeline, timeline_image, write_report
 
-# 1 ms per prefill token, 2 ms per visual token, replay 0.5, patch apply 0.25, SVD 0.125 (as in test_simulate.py)
-P = CostProfile(name="unit", source="hand-made for tests", vision_encode_ms_per_token=2.0, prefill_ms_per_token=1.0,
-                kv_replay_ms_per_token=0.5, patch_apply_ms_per_token=0.25, patch_form_ms_per_token=0.125,
-                kv_bytes_per_token=100, patch_bytes_per_token=10)
-A = ChunkRef(id="A", tokens=4, kind="image")
-B = ChunkRef(id="B", tokens=2, kind="text")
-C = ChunkRef(id="C", tokens=4, kind="image")
-# s0 [A B] q1 -> s1 [B C] q1 -> s2 [A B C] q0
-T = Trace([Step(step=0, context=[A, B], query_tokens=1), Step(step=1, context=[B, C], query_tokens=1),
-           Step(step=2, context=[A, B, C], query_tokens=0)], name="hand")
+from hand_trace import A, B, C, P, T  # noqa: E402  (tests/hand_trace.py)
 # totals worked out step by step in tests/test_simulate.py
 HAND = {
     "recompute": {"total_ms": 56, "prefill_tokens": 24, "encodes": 0, "patch_forms": 0, "patch_applies": 0,

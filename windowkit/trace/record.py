@@ -20,9 +20,10 @@ anything is written.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import IO, Any, Optional, Sequence, Union
+from typing import IO, Any, Iterator, Optional, Sequence, Union
 
 from pydantic import ValidationError
 
@@ -132,4 +133,21 @@ class TraceRecorder:
         return len(self.steps)
 
 
-__all__ = ["TraceRecorder"]
+@contextlib.contextmanager
+def recording(owner: Any, path: Optional[PathOrFile]) -> Iterator[Optional[TraceRecorder]]:
+    """``owner.recorder`` is a TraceRecorder on ``path`` for the block (None when ``path`` is None), closed after
+    it even on error, so a failed run leaves a readable trace of the steps done so far.
+
+        with recording(self, self.record):       # an agent's run(); its step() calls self.recorder.record(...)
+            for s in steps: self.step(s)
+    """
+    owner.recorder = TraceRecorder(path) if path is not None else None
+    try:
+        yield owner.recorder
+    finally:
+        if owner.recorder is not None:
+            owner.recorder.close()
+        owner.recorder = None
+
+
+__all__ = ["TraceRecorder", "recording"]
