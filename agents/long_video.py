@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-from agents.video_io import Frame, VideoError, read_frames
+from agents.video_io import Frame, VideoError, read_frames, write_synthetic_video
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, UnsupportedModelError, WindowkitError
 from windowkit.trace.record import recording
@@ -447,6 +448,26 @@ def format_summary(report: AgentReport) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FrameEncoder", "Step", "make_plan", "StepLog", "AgentReport", "PrefixCache", "LongVideoAgent",
+def lookback_steps(spec: str, steps: int) -> list[int]:
+    """The look-back steps of a CLI spec: "auto" (two, late in the run), "" (none) or "12,16".
+
+        lookback_steps("auto", 18)   # [12, 16]
+    """
+    if spec == "auto":
+        return [s for s in sorted({(2 * steps) // 3, steps - 2}) if s >= 10]
+    return [int(x) for x in spec.split(",") if x.strip()]
+
+
+def sample_video(agent: "LongVideoAgent", video: Optional[str], fps: float, max_frames: int) -> list:
+    """``agent.load_video`` of ``video``, or of a synthetic OpenCV video (96x72 @ 8 fps, moving coloured
+    shapes) long enough for ``max_frames`` frames at ``fps`` when ``video`` is None."""
+    with tempfile.TemporaryDirectory(prefix="wk-video-") as tmp:
+        if video is None:
+            video = write_synthetic_video(os.path.join(tmp, "shapes.avi"), n_frames=int(max_frames * 8 / fps) + 1,
+                                          fps=8.0, size=(96, 72))
+        return agent.load_video(video, fps=fps, max_frames=max_frames)
+
+
+__all__ = ["FrameEncoder", "Step", "make_plan", "lookback_steps", "sample_video", "StepLog", "AgentReport", "PrefixCache", "LongVideoAgent",
            "STAT_FIELDS",
            "format_step_table", "format_step_row", "format_summary"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,8 +59,8 @@ def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from agents.long_video import LongVideoAgent, format_step_row, format_step_table, format_summary, make_plan
-    from agents.video_io import write_synthetic_video
+    from agents.long_video import (LongVideoAgent, format_step_row, format_step_table, format_summary, lookback_steps,
+                                   make_plan, sample_video)
     from windowkit.backends.hf import load_model
     from windowkit.errors import WindowkitError
 
@@ -76,17 +75,9 @@ def main(argv=None) -> int:
         model_path = args.model if os.path.isdir(args.model) else None
         agent = LongVideoAgent(model, window=args.window, rank=args.rank, frame_size=(w, h),
                                reference=not args.no_reference, model_path=model_path, record=args.record)
-        with tempfile.TemporaryDirectory(prefix="wk-video-") as tmp:
-            video = args.video
-            if video is None:
-                video = write_synthetic_video(os.path.join(tmp, "shapes.avi"), n_frames=int(args.frames * 8 / args.fps) + 1,
-                                              fps=8.0, size=(96, 72))
-            frames = agent.load_video(video, fps=args.fps, max_frames=args.frames)
+        frames = sample_video(agent, args.video, args.fps, args.frames)
         steps = min(args.steps, len(frames))
-        if args.lookback == "auto":
-            lookback = [s for s in sorted({(2 * steps) // 3, steps - 2}) if s >= 10]
-        else:
-            lookback = [int(x) for x in args.lookback.split(",") if x.strip()]
+        lookback = lookback_steps(args.lookback, steps)
         plan = make_plan(len(frames), args.window, steps, lookback)
         question, prompt = _question(model, model_path)
         print(f"model {args.model} | video {args.video or 'synthetic 96x72 @ 8 fps'} | {len(frames)} frames sampled at "

@@ -29,8 +29,7 @@ def record_trace(args, path: str) -> str:
     """Run the long-video agent (no exact reference window: only the contents matter) and record its steps."""
     import torch
 
-    from agents.long_video import LongVideoAgent, make_plan
-    from agents.video_io import write_synthetic_video
+    from agents.long_video import LongVideoAgent, lookback_steps, make_plan, sample_video
     from examples.long_video_qa import _question
     from windowkit.backends.hf import load_model
 
@@ -43,16 +42,9 @@ def record_trace(args, path: str) -> str:
     model_path = args.model if os.path.isdir(args.model) else None
     agent = LongVideoAgent(model, window=args.window, rank=args.rank, frame_size=(w, h), reference=False,
                            model_path=model_path, record=path, max_new_tokens=1)
-    with tempfile.TemporaryDirectory(prefix="wk-video-") as tmp:
-        video = args.video or write_synthetic_video(os.path.join(tmp, "shapes.avi"),
-                                                    n_frames=int(args.frames * 8 / args.fps) + 1, fps=8.0,
-                                                    size=(96, 72))
-        frames = agent.load_video(video, fps=args.fps, max_frames=args.frames)
+    frames = sample_video(agent, args.video, args.fps, args.frames)
     steps = min(args.steps, len(frames))
-    if args.lookback == "auto":
-        lookback = [s for s in sorted({(2 * steps) // 3, steps - 2}) if s >= 10]
-    else:
-        lookback = [int(x) for x in args.lookback.split(",") if x.strip()]
+    lookback = lookback_steps(args.lookback, steps)
     plan = make_plan(len(frames), args.window, steps, lookback)
     question, prompt = _question(model, model_path)
     t0 = time.perf_counter()

@@ -588,7 +588,7 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
     strats = make_strategies(strategies)
     given = {id(s) for s in (strategies or ()) if isinstance(s, Strategy)}
     for s in strats:
-        if id(s) in given or not s.name.startswith("windowkit"):
+        if id(s) in given or not hasattr(s, "budget"):  # store options: the windowkit strategies (a Window's store)
             continue
         if store_budget_bytes is not None:
             s.budget = store_budget_bytes
