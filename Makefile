@@ -35,6 +35,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
+	$(VPY) examples/long_video_qa.py --refresh threshold:0.3
 	$(VENV)/bin/windowkit eval-binding --n 60
 
 # tests/test_report.py renders report.html in headless Chromium (Debian's package, about 70 s to install).

@@ -137,6 +137,27 @@ def make_plan(n_frames: int, window: int, steps: Optional[int] = None, lookback_
     return plan
 
 
+# ====================================================================== per-step questions
+@dataclass
+class Ask:
+    """What to ask at one step (``run(..., ask=fn)``, ``fn(step) -> Ask``): the query tokens read after the
+    window, and, to score the step, the right answer token and the candidates the argmax runs over.
+
+        Ask(prompt=[q], answer=a, candidates=shape_tokens, kind="single_hop")
+    """
+
+    prompt: Sequence[int]
+    answer: Optional[int] = None
+    candidates: Optional[Sequence[int]] = None  # None: the argmax over the whole vocabulary
+    kind: str = ""
+
+    def correct(self, logits: torch.Tensor) -> Optional[bool]:
+        if self.answer is None:
+            return None
+        cand = list(self.candidates) if self.candidates is not None else list(range(logits.shape[-1]))
+        return cand[int(logits[cand].argmax())] == int(self.answer)
+
+
 # ====================================================================== logging
 @dataclass
 class StepLog:
@@ -154,6 +175,11 @@ class StepLog:
     exact_answer: Optional[list[int]] = None
     kl: Optional[float] = None  # KL(exact || patch) of the next-token distribution after the prompt
     argmax_agree: Optional[bool] = None
+    question: str = ""  # the question's kind when the step is scored (``Ask``): "single_hop" | "multi_hop"
+    correct: Optional[bool] = None  # the patch window's answer is right (argmax over the candidates)
+    exact_correct: Optional[bool] = None  # the same on the exact re-prefill window
+    blind_correct: Optional[bool] = None  # the same on a blind-reuse window (``blind=True``)
+    blind_kl: Optional[float] = None  # KL(exact || blind)
 
 
 @dataclass
@@ -188,7 +214,23 @@ class AgentReport:
                     prefix_cache_ms=sum(r.pc_ms for r in self.steps if r.pc_ms is not None),
                     prefix_cache_ms_modeled=pc_tok * self.ms_per_token,
                     windowkit_ms_modeled=wk_tok * self.ms_per_token,
-                    vision_calls=self.vision_calls)
+                    vision_calls=self.vision_calls, accuracy=self.accuracy())
+
+    def accuracy(self) -> dict:
+        """Scored steps per question kind: {kind: {"n", "windowkit", "exact", "blind"}} (fractions right;
+        None where that window was not run). Empty when no step was scored."""
+        out: dict = {}
+        for r in self.steps:
+            if r.correct is None:
+                continue
+            d = out.setdefault(r.question or "all", {"n": 0, "windowkit": 0, "exact": 0, "blind": 0})
+            d["n"] += 1
+            for key, v in (("windowkit", r.correct), ("exact", r.exact_correct), ("blind", r.blind_correct)):
+                d[key] = None if v is None or d[key] is None else d[key] + int(v)
+        for d in out.values():
+            for key in ("windowkit", "exact", "blind"):
+                d[key] = None if d[key] is None else d[key] / d["n"]
+        return out
 
 
 def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
@@ -262,11 +304,18 @@ class LongVideoAgent:
                over the same steps
     record:    a JSONL trace path: ``run`` writes one step per plan step (the window after ``assign``, the
                answer prompt as the query); the file is rewritten by each ``run``
+    prefix:    a fixed prefix (e.g. the BOS token) kept exact at the head of every window
+    blind:     also run a mode="blind" window over the same steps (KL and, with ``ask``, accuracy of blind reuse)
+    refresh:   a patch-refresh policy for survivors whose antecedents changed (``policies.refresh``: "always",
+               "threshold:0.3", "budget:1", ...), applied after each ``assign``; None keeps them as they are
     """
 
     def __init__(self, model: Any, *, window: int = 6, rank: Optional[int] = 32, mode: str = "patch",
                  frame_size: tuple[int, int] = (112, 84), reference: bool = True, model_path: Optional[str] = None,
-                 max_new_tokens: int = 4, record: Union[str, Path, None] = None):
+                 max_new_tokens: int = 4, record: Union[str, Path, None] = None,
+                 prefix: Union[Chunk, Sequence[int], None] = None, blind: bool = False, refresh: Any = None):
+        from policies.refresh import make_refresh
+
         from windowkit.backends.hf import HFBackend
         from windowkit.window import Window
 
@@ -276,9 +325,14 @@ class LongVideoAgent:
         self.max_new_tokens = int(max_new_tokens)
         self.encoder = FrameEncoder(model, frame_size, model_path)
         self.backend = HFBackend(model)
-        self.win = Window(self.backend, rank=rank, mode=mode)
-        self.ref = Window(HFBackend(model), mode="exact") if reference else None
+        if prefix is not None and not isinstance(prefix, Chunk):
+            prefix = Chunk.text(torch.as_tensor(list(prefix), dtype=torch.long), id="__prefix__")
+        self.prefix = prefix
+        self.win = Window(self.backend, rank=rank, mode=mode, prefix=prefix)
+        self.ref = Window(HFBackend(model), mode="exact", prefix=prefix) if reference else None
         self.pc = PrefixCache(HFBackend(model)) if reference else None  # own backend: pays its own vision runs
+        self.blind = Window(HFBackend(model), mode="blind", prefix=prefix) if blind else None
+        self.refresh = make_refresh(refresh)
         self.record = record
         self.recorder = None  # the open TraceRecorder while ``run`` records
 
@@ -291,12 +345,17 @@ class LongVideoAgent:
 
     # ------------------------------------------------------------------ running
     def run(self, frames: Sequence[Chunk], plan: Sequence[Step], question_ids: Sequence[int],
-            prompt_ids: Sequence[int], progress: Optional[Callable[[Iterable], Iterable]] = None,
+            prompt_ids: Sequence[int] = (), progress: Optional[Callable[[Iterable], Iterable]] = None,
             on_step: Optional[Callable[[StepLog], None]] = None,
-            on_phase: Optional[Callable[[str], None]] = None) -> AgentReport:
+            on_phase: Optional[Callable[[str], None]] = None,
+            ask: Optional[Callable[[Step], Ask]] = None) -> AgentReport:
         """Run every step of ``plan``; returns the per-step logs. ``progress`` wraps the step iterator
         (e.g. tqdm); ``on_step`` sees each row as soon as it is done; ``on_phase`` is told which part of a step
-        starts ("windowkit", "answer", "exact", "prefix cache"): progress inside long steps."""
+        starts ("windowkit", "answer", "exact", "prefix cache"): progress inside long steps.
+
+        ``question_ids`` become a chunk at the window's tail (empty: no question chunk); ``prompt_ids`` are
+        the query read after the window. ``ask(step)`` instead gives each step its own query and answer
+        (``Ask``), and the step is scored: ``correct`` / ``exact_correct`` / ``blind_correct``."""
         self._on_phase = on_phase
         if not frames:
             raise VideoError("no frames to run over")
@@ -304,18 +363,23 @@ class LongVideoAgent:
             bad = [i for i in s.frames if not 0 <= i < len(frames)]
             if bad:
                 raise WindowkitError(f"step {s.index} asks for frames {bad} outside 0..{len(frames) - 1}")
-        question = Chunk.text(torch.as_tensor(list(question_ids), dtype=torch.long), id="question")
+        question = Chunk.text(torch.as_tensor(list(question_ids), dtype=torch.long), id="question") \
+            if len(question_ids) else None
         prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long)
-        if prompt.numel() == 0:
-            raise ChunkError("prompt_ids must hold at least one token")
+        if prompt.numel() == 0 and ask is None:
+            raise ChunkError("prompt_ids must hold at least one token (or pass ask=)")
         report = AgentReport()
         prev: list[Chunk] = []
         it: Iterable = progress(plan) if progress is not None else plan
         exact_ms_tok: list[float] = []
         with recording(self, self.record):  # a failed step leaves the steps done so far in the trace
             for s in it:
-                row = self.step(s, [frames[i] for i in s.frames], question, prompt, prev)
-                prev = [frames[i] for i in s.frames] + [question]
+                a = ask(s) if ask is not None else None
+                if a is not None and len(a.prompt) == 0:
+                    raise ChunkError(f"ask({s.index}) gave an empty prompt")
+                p = torch.as_tensor(list(a.prompt), dtype=torch.long) if a is not None else prompt
+                row = self.step(s, [frames[i] for i in s.frames], question, p, prev, a)
+                prev = [frames[i] for i in s.frames] + ([question] if question is not None else [])
                 if row.exact_ms is not None and row.window_tokens:
                     exact_ms_tok.append(row.exact_ms / row.window_tokens)
                 report.steps.append(row)
@@ -328,16 +392,19 @@ class LongVideoAgent:
             report.ms_per_token = exact_ms_tok[len(exact_ms_tok) // 2]  # median: robust on a shared CPU
         return report
 
-    def step(self, s: Step, frame_chunks: Sequence[Chunk], question: Chunk, prompt: torch.Tensor,
-             prev: Sequence[Chunk] = ()) -> StepLog:
-        """One step: ``assign`` the window, read the next-token logits and the greedy answer after ``prompt``."""
-        wanted = list(frame_chunks) + [question]
+    def step(self, s: Step, frame_chunks: Sequence[Chunk], question: Optional[Chunk], prompt: torch.Tensor,
+             prev: Sequence[Chunk] = (), ask: Optional[Ask] = None) -> StepLog:
+        """One step: ``assign`` the window, read the next-token logits and the greedy answer after ``prompt``;
+        with ``ask``, score the answer on every window that runs."""
+        wanted = list(frame_chunks) + ([question] if question is not None else [])
         phase = getattr(self, "_on_phase", None) or (lambda name: None)
         phase("windowkit")
         before = self.win.stats.as_dict()
         vc0 = self.backend.stats.vision_calls
         t0 = time.perf_counter()
         edits = self.win.assign(wanted)
+        if self.refresh is not None:  # fresh conditioning for drifted survivors (counted as patch forms)
+            edits = edits + [("refresh", cid) for cid in self.refresh.apply(self.win)]
         logits = self.win.forward(prompt)  # materializes the window: relocations happen here
         ms = (time.perf_counter() - t0) * 1e3
         if self.recorder is not None:  # once per step, outside the timed part
@@ -352,6 +419,8 @@ class LongVideoAgent:
             ops[op] = ops.get(op, 0) + 1
         row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
                       prefix_cache_tokens=_common_prefix_tokens(list(prev), wanted))
+        if ask is not None:
+            row.question, row.correct = ask.kind, ask.correct(logits)
         if self.ref is not None:
             phase("exact")
             t1 = time.perf_counter()
@@ -361,10 +430,21 @@ class LongVideoAgent:
             row.exact_answer = self.ref.generate(prompt, max_new_tokens=self.max_new_tokens)  # reuses that prefill
             row.kl = _kl(ref_logits, logits)
             row.argmax_agree = int(ref_logits.argmax()) == int(logits.argmax())
+            if ask is not None:
+                row.exact_correct = ask.correct(ref_logits)
+        if self.blind is not None:
+            phase("blind")
+            self.blind.assign(wanted)
+            blind_logits = self.blind.forward(prompt)
+            if ask is not None:
+                row.blind_correct = ask.correct(blind_logits)
+            if self.ref is not None:
+                row.blind_kl = _kl(ref_logits, blind_logits)
         if self.pc is not None:
             phase("prefix cache")
             t2 = time.perf_counter()
-            self.pc.step(wanted, prompt)  # reuse the unchanged leading chunks, prefill the rest + the prompt
+            # reuse the unchanged leading chunks, prefill the rest + the prompt
+            self.pc.step(([self.prefix] if self.prefix is not None else []) + wanted, prompt)
             row.pc_ms = (time.perf_counter() - t2) * 1e3
         return row
 
@@ -372,7 +452,7 @@ class LongVideoAgent:
 # ====================================================================== tables
 def format_step_table(rows: Sequence[StepLog], header: bool = True) -> str:
     cols = ("step", "kind", "frames", "ops", "enc", "vis", "forms", "apply", "reuse", "reloc", "prefill", "pc_tok",
-            "ms", "pc_ms", "exact_ms", "KL", "agree", "answer")
+            "ms", "pc_ms", "exact_ms", "KL", "agree", "right", "answer")
     lines = []
     if header:
         lines.append(" ".join(f"{c:>8}" if i not in _W else f"{c:<{_W[i]}}" for i, c in enumerate(cols)))
@@ -381,7 +461,7 @@ def format_step_table(rows: Sequence[StepLog], header: bool = True) -> str:
     return "\n".join(lines)
 
 
-_W = {1: 9, 2: 16, 3: 22, 17: 16}
+_W = {1: 9, 2: 16, 3: 22, 17: 10, 18: 16}
 
 
 def format_step_row(r: StepLog) -> str:
@@ -395,8 +475,17 @@ def format_step_row(r: StepLog) -> str:
             f"{r.exact_ms:>8.1f}" if r.exact_ms is not None else f"{'-':>8}",
             f"{r.kl:>8.1e}" if r.kl is not None else f"{'-':>8}",
             f"{('yes' if r.argmax_agree else 'NO'):>8}" if r.argmax_agree is not None else f"{'-':>8}",
-            f"{r.answer}"]
+            f"{_right(r):<10}", f"{r.answer}"]
     return " ".join(vals)
+
+
+def _right(r: StepLog) -> str:
+    """"M 1/1/0": question kind (S single-hop, M multi-hop), then right (1) or wrong (0) on the windowkit /
+    exact / blind windows ("-" where one did not run); "-" when the step is not scored."""
+    if r.correct is None:
+        return "-"
+    marks = "/".join("-" if v is None else str(int(v)) for v in (r.correct, r.exact_correct, r.blind_correct))
+    return f"{(r.question[:1] or '?').upper()} {marks}"
 
 
 def _ranges(idx: Sequence[int]) -> str:
@@ -445,16 +534,23 @@ def format_summary(report: AgentReport) -> str:
              f"{f(ratio(s['windowkit_ms'], s['prefix_cache_ms']), '.2f')} / "
              f"{f(ratio(s['windowkit_ms_modeled'], s['prefix_cache_ms_modeled']), '.2f')} |",
              f"| est_ms_saved (win.stats) | {t['est_ms_saved']:.0f} |"]
+    bkl = [r.blind_kl for r in report.steps if r.blind_kl is not None]
+    if bkl:
+        lines.append(f"| next-token KL vs exact, blind reuse: mean / max | {sum(bkl) / len(bkl):.2e} / {max(bkl):.2e} |")
+    for kind, d in sorted(s["accuracy"].items()):
+        lines.append(f"| accuracy, {kind} ({d['n']} steps): windowkit / exact re-prefill / blind | "
+                     f"{f(d['windowkit'], '.3f')} / {f(d['exact'], '.3f')} / {f(d['blind'], '.3f')} |")
     return "\n".join(lines)
 
 
-def lookback_steps(spec: str, steps: int) -> list[int]:
-    """The look-back steps of a CLI spec: "auto" (two, late in the run), "" (none) or "12,16".
+def lookback_steps(spec: str, steps: int, far: int = 10) -> list[int]:
+    """The look-back steps of a CLI spec: "auto" (two, late in the run), "" (none) or "12,16". ``far`` is
+    how far back a look-back reaches (``make_plan``'s ``lookback[0]``): "auto" picks no step before it.
 
         lookback_steps("auto", 18)   # [12, 16]
     """
     if spec == "auto":
-        return [s for s in sorted({(2 * steps) // 3, steps - 2}) if s >= 10]
+        return [s for s in sorted({(2 * steps) // 3, steps - 2}) if s >= far]
     return [int(x) for x in spec.split(",") if x.strip()]
 
 
@@ -468,6 +564,33 @@ def sample_video(agent: "LongVideoAgent", video: Optional[str], fps: float, max_
         return agent.load_video(video, fps=fps, max_frames=max_frames)
 
 
-__all__ = ["FrameEncoder", "Step", "make_plan", "lookback_steps", "sample_video", "StepLog", "AgentReport", "PrefixCache", "LongVideoAgent",
+# ====================================================================== the binding model's video
+#: look-back reach for the binding video: frames s-11, s-10 and s carry three different tags (t mod 3)
+BINDING_LOOKBACK = (11, 10)
+
+
+def binding_video(n_frames: int, seed: int = 0) -> tuple[list[Chunk], Callable[[Step], Ask], list[int]]:
+    """The binding model's synthetic video as the agent's inputs: (frame chunks, ``ask`` for ``run``, the
+    prefix ids [BOS]). Each step asks about its own window (``task.window_question``): "which object changed
+    shape in the newest frame?" where the window is a multi-hop item, else the shape of one object in one
+    of its frames; the step is scored against the drawn truth.
+
+        frames, ask, prefix = binding_video(48)
+        agent = LongVideoAgent(load_model("binding"), window=3, prefix=prefix, blind=True)
+        report = agent.run(frames, make_plan(48, 3, lookback=BINDING_LOOKBACK), (), ask=ask)
+    """
+    from windowkit.models.binding import task
+
+    video = task.make_video(seed, n_frames)
+    chunks = [task.video_chunk(video, t) for t in range(n_frames)]
+
+    def ask(s: Step) -> Ask:
+        q = task.window_question(video, s.frames, seed)
+        return Ask(q.ids, q.answer, q.candidates, q.kind)
+
+    return chunks, ask, [task.BOS]
+
+
+__all__ = ["Ask", "binding_video", "BINDING_LOOKBACK", "FrameEncoder", "Step", "make_plan", "lookback_steps", "sample_video", "StepLog", "AgentReport", "PrefixCache", "LongVideoAgent",
            "STAT_FIELDS",
            "format_step_table", "format_step_row", "format_summary"]

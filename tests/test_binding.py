@@ -21,11 +21,11 @@ _RGB = {(230, 40, 40): "red", (40, 200, 40): "green", (50, 90, 240): "blue", (23
         (210, 40, 210): "magenta", (40, 210, 220): "cyan"}
 
 
-_GREYS = (20, 70, 120)  # background of frames 1, 2, 3
+_GREYS = (20, 70, 120)  # background of the frames tagged 0, 1, 2
 
 
 def _decode(rgb: np.ndarray, k: int) -> dict:
-    """{colour: (cell, shape)} read off the pixels of frame ``k`` (0-based)."""
+    """{colour: (cell, shape)} read off the pixels of a frame tagged ``k``."""
     assert tuple(int(v) for v in rgb[0, 0]) == (_GREYS[k],) * 3  # no shape reaches a cell's corner
     out = {}
     for cell in range(task.GRID * task.GRID):
@@ -54,7 +54,8 @@ def test_generator_is_deterministic():
 def test_answers_match_the_drawn_frames(index):
     for kind in ("single_hop", "multi_hop"):
         item = task.make_item(5, index, kind)
-        frames = [_decode(f, k) for k, f in enumerate(item.frames)]
+        assert sorted(item.tags) == [0, 1, 2]
+        frames = [_decode(f, t) for f, t in zip(item.frames, item.tags)]
         assert frames == item.layout  # every object drawn once, in its cell, with its shape
         assert len(frames[0]) == 4 and set(frames[0]) == set(frames[1]) == set(frames[2])
         shapes = [{col: s for col, (_, s) in f.items()} for f in frames]
@@ -64,7 +65,8 @@ def test_answers_match_the_drawn_frames(index):
         q = item.question
         assert len(q) == 1
         if kind == "single_hop":
-            c, frame = divmod(q[0] - 24, 3)  # question tokens 24.. : colour-major, frame-minor
+            c, tag = divmod(q[0] - 24, 3)  # question tokens 24.. : colour-major, frame-tag-minor
+            frame = item.tags.index(tag)
             colour = ("red", "green", "blue", "yellow", "magenta", "cyan")[c]
             shape_ids = {"circle": 13, "square": 14, "triangle": 15, "cross": 16}
             assert item.answer == shape_ids[shapes[frame][colour]]
@@ -72,6 +74,46 @@ def test_answers_match_the_drawn_frames(index):
             assert q == [11]
             colour_ids = {"red": 17, "green": 18, "blue": 19, "yellow": 20, "magenta": 21, "cyan": 22}
             assert item.answer == colour_ids[changed[0]]
+
+
+def test_every_tag_order_occurs():
+    """Tags are content, not slots: all six orders appear, so a question names a frame wherever it sits."""
+    orders = {tuple(task.make_item(4, i).tags) for i in range(200)}
+    assert len(orders) == 6
+
+
+def test_video_frames_and_questions_match_the_drawn_pixels():
+    video = task.make_video(3, 30)
+    again = task.make_video(3, 30)
+    assert all(np.array_equal(a, b) for a, b in zip(video.frames, again.frames))
+    decoded = [_decode(f, t % 3) for t, f in enumerate(video.frames)]
+    assert decoded == video.layouts and video.tags == [t % 3 for t in range(30)]
+    shapes = [{c: s for c, (_, s) in d.items()} for d in decoded]
+    for t in range(1, 30):  # one object changes shape at every even frame from 2 on, none otherwise
+        n_changed = sum(shapes[t][c] != shapes[t - 1][c] for c in shapes[t])
+        assert n_changed == (1 if t % 2 == 0 else 0), t
+    colour_ids = {"red": 17, "green": 18, "blue": 19, "yellow": 20, "magenta": 21, "cyan": 22}
+    shape_ids = {"circle": 13, "square": 14, "triangle": 15, "cross": 16}
+    kinds = []
+    for frames in [[t - 2, t - 1, t] for t in range(2, 30)] + [[t - 11, t - 10, t] for t in range(11, 30)]:
+        q = task.window_question(video, frames, seed=1)
+        kinds.append(q.kind)
+        if q.kind == "multi_hop":  # a sliding window ending at an even frame: the newest frame's change
+            assert frames[2] - frames[0] == 2 and frames[2] % 2 == 0
+            changed = [c for c in shapes[frames[2]] if shapes[frames[2]][c] != shapes[frames[0]][c]]
+            assert q.ids == [11] and q.answer == colour_ids[changed[0]]
+        else:
+            c, tag = divmod(q.ids[0] - 24, 3)
+            t = [f for f in frames if f % 3 == tag][0]
+            colour = ("red", "green", "blue", "yellow", "magenta", "cyan")[c]
+            assert q.answer == shape_ids[shapes[t][colour]]
+    assert kinds.count("multi_hop") == 14  # t = 2, 4, ..., 28
+    from windowkit.errors import WindowkitError
+
+    with pytest.raises(WindowkitError, match="repeat a tag"):
+        task.window_question(video, [0, 3, 4])
+    with pytest.raises(WindowkitError, match="inside"):
+        task.window_question(video, [28, 29, 30])
 
 
 def test_frame_three_alone_says_nothing_about_the_answer():

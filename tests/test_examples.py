@@ -140,14 +140,26 @@ def test_long_video_example_records_its_steps(tmp_path, capsys):
     from examples.long_video_qa import main
 
     rec = tmp_path / "lv.jsonl"
-    assert main(["--frames", "4", "--steps", "4", "--window", "2", "--size", "56x56", "--lookback", "",
-                 "--record", str(rec)]) == 0
+    assert main(["--model", "tiny-qwen2.5-vl", "--frames", "4", "--steps", "4", "--window", "2", "--size", "56x56",
+                 "--lookback", "", "--record", str(rec)]) == 0
     text = capsys.readouterr().out
     t = read_trace(rec)
     assert [st.ids[:-1] for st in t] == [["frame-0"], ["frame-0", "frame-2"], ["frame-2", "frame-4"],
                                          ["frame-4", "frame-6"]]  # video frame indices, sampled at 4 of 8 fps
     assert f"trace: 4 steps written to {rec}" in text
     assert "argmax agreement" in text and "next-token KL" in text
+
+
+def test_long_video_example_defaults_to_the_binding_model(capsys):
+    pytest.importorskip("cv2")
+    from examples.long_video_qa import main
+
+    assert main(["--frames", "13", "--no-reference"]) == 0  # 13 steps, one look-back (step 11: frames 0, 1, 11; a multi-hop item too)
+    text = capsys.readouterr().out
+    assert text.startswith("model binding | video binding video 0") and "look-back at [11]" in text
+    assert "| accuracy, multi_hop (7 steps): windowkit / exact re-prefill / blind |" in text
+    assert main(["--video", "clip.mp4"]) == 2  # the binding model only watches its own video
+    assert "--video needs a Qwen-VL checkpoint" in capsys.readouterr().err
 
 
 # ====================================================================== docs

@@ -292,16 +292,24 @@ class HFBackend:
 
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> Any:
-    """A tiny built-in random model by name (see ``windowkit.backends.tiny``) or a local checkpoint path."""
+    """A tiny built-in random model by name (see ``windowkit.backends.tiny``), ``"binding"`` (the committed,
+    trained binding model: ``windowkit.models.binding``) or a local checkpoint path.
+
+        model = load_model("binding")       # a small trained Qwen2.5-VL that answers questions over frames
+    """
     from windowkit.backends import tiny
 
     if name_or_path in tiny.TINY_MODELS:
         return tiny.build(name_or_path, dtype=dtype, seed=seed).to(device)
+    if name_or_path == "binding":
+        from windowkit.models.binding.model import load
+
+        return load().to(dtype=dtype, device=device)
     import os
 
     if not os.path.isdir(name_or_path):
         raise UnsupportedModelError(
-            f"{name_or_path!r} is neither a built-in tiny model ({', '.join(tiny.TINY_MODELS)}) nor a local folder"
+            f"{name_or_path!r} is neither a built-in model ({', '.join(tiny.TINY_MODELS)}, binding) nor a local folder"
         )
     import transformers
 

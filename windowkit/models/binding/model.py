@@ -5,7 +5,7 @@
 
 Same architecture classes as transformers' Qwen2_5_VLForConditionalGeneration, small sizes: a 1-block
 vision tower on 16-px patches with no spatial merge (one visual token per 16-px grid cell, 4 per frame),
-a 4-layer GQA decoder of width 128 (4 query / 2 KV heads) with M-RoPE, a 32-token vocabulary (see
+a 4-layer GQA decoder of width 128 (4 query / 2 KV heads) with M-RoPE, a 48-token vocabulary (see
 ``task``). About 0.9 M parameters: 3.6 MB of fp32 safetensors.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train the binding model on CPU, deterministically, and write the checkpoint.
 
-    python -m windowkit.models.binding.train                      # the committed checkpoint (~17 min, 1 thread)
+    python -m windowkit.models.binding.train                      # the committed checkpoint (~22 min, 1 thread)
     python -m windowkit.models.binding.train --steps 300 --out /tmp/ckpt   # a quick run
 
 Fixed seeds everywhere (torch, the data stream ``make_item(seed, index)``), one CPU thread, no data
@@ -48,8 +48,8 @@ def accuracy(model, seed: int, n: int, bs: int = 64) -> dict:
     return {k: (h / max(t, 1), t) for k, (h, t) in hits.items()}
 
 
-def train(steps: int = 3000, batch_size: int = 32, lr: float = 5e-3, seed: int = 0, out: Optional[str] = None,
-          eval_every: int = 250, progress: bool = True, questions: int = 8) -> dict:
+def train(steps: int = 4000, batch_size: int = 32, lr: float = 5e-3, seed: int = 0, out: Optional[str] = None,
+          eval_every: int = 250, progress: bool = True, questions: int = 8, aux: int = 0) -> dict:
     """Train from a seeded init; save to ``out`` (safetensors + config.json) and return a log dict."""
     from tqdm import tqdm
 
@@ -64,12 +64,13 @@ def train(steps: int = 3000, batch_size: int = 32, lr: float = 5e-3, seed: int =
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
-    log: dict = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "questions": questions, "evals": []}
+    log: dict = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "questions": questions, "aux": aux,
+                 "evals": []}
     t0 = time.perf_counter()
     bar = tqdm(range(steps), disable=not progress, desc="train-binding", mininterval=5)
     ema = None
     for step in bar:
-        b = task.training_batch(TRAIN_SEED, range(step * batch_size, (step + 1) * batch_size), questions)
+        b = task.training_batch(TRAIN_SEED, range(step * batch_size, (step + 1) * batch_size), questions, aux)
         logits = model(input_ids=b["input_ids"], pixel_values=b["pixel_values"], image_grid_thw=b["image_grid_thw"],
                        mm_token_type_ids=b["mm_token_type_ids"], logits_to_keep=b["answer_positions"]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), b["labels"].flatten())
@@ -104,15 +105,16 @@ def train(steps: int = 3000, batch_size: int = 32, lr: float = 5e-3, seed: int =
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="train-binding", description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=binding_model.CHECKPOINT_DIR)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--questions", type=int, default=8, help="question/answer pairs per training sequence")
+    ap.add_argument("--aux", type=int, default=0, help="auxiliary 'did <colour> change?' questions per single-hop sequence")
     a = ap.parse_args(argv)
-    log = train(a.steps, a.batch_size, a.lr, a.seed, a.out, a.eval_every, questions=a.questions)
+    log = train(a.steps, a.batch_size, a.lr, a.seed, a.out, a.eval_every, questions=a.questions, aux=a.aux)
     print(f"trained {a.steps} steps in {log['train_seconds']:.0f} s; checkpoint {log.get('checkpoint_bytes', 0)} bytes "
           f"-> {a.out}")
     return 0
