@@ -175,7 +175,7 @@ class StepLog:
     exact_answer: Optional[list[int]] = None
     kl: Optional[float] = None  # KL(exact || patch) of the next-token distribution after the prompt
     argmax_agree: Optional[bool] = None
-    question: str = ""  # the question's kind when the step is scored (``Ask``): "single_hop" | "multi_hop"
+    question_kind: str = ""  # when the step is scored (``Ask``): "single_hop" | "multi_hop"
     correct: Optional[bool] = None  # the patch window's answer is right (argmax over the candidates)
     exact_correct: Optional[bool] = None  # the same on the exact re-prefill window
     blind_correct: Optional[bool] = None  # the same on a blind-reuse window (``blind=True``)
@@ -223,7 +223,7 @@ class AgentReport:
         for r in self.steps:
             if r.correct is None:
                 continue
-            d = out.setdefault(r.question or "all", {"n": 0, "windowkit": 0, "exact": 0, "blind": 0})
+            d = out.setdefault(r.question_kind or "all", {"n": 0, "windowkit": 0, "exact": 0, "blind": 0})
             d["n"] += 1
             for key, v in (("windowkit", r.correct), ("exact", r.exact_correct), ("blind", r.blind_correct)):
                 d[key] = None if v is None or d[key] is None else d[key] + int(v)
@@ -332,7 +332,10 @@ class LongVideoAgent:
         self.ref = Window(HFBackend(model), mode="exact", prefix=prefix) if reference else None
         self.pc = PrefixCache(HFBackend(model)) if reference else None  # own backend: pays its own vision runs
         self.blind = Window(HFBackend(model), mode="blind", prefix=prefix) if blind else None
-        self.refresh = make_refresh(refresh)
+        try:
+            self.refresh = make_refresh(refresh)
+        except (ValueError, TypeError) as e:  # policies are pure Python; the agent speaks windowkit errors
+            raise WindowkitError(f"refresh: {e}") from None
         self.record = record
         self.recorder = None  # the open TraceRecorder while ``run`` records
 
@@ -344,7 +347,7 @@ class LongVideoAgent:
         return [self.encoder(f) for f in frames]
 
     # ------------------------------------------------------------------ running
-    def run(self, frames: Sequence[Chunk], plan: Sequence[Step], question_ids: Sequence[int],
+    def run(self, frames: Sequence[Chunk], plan: Sequence[Step], question_ids: Sequence[int] = (),
             prompt_ids: Sequence[int] = (), progress: Optional[Callable[[Iterable], Iterable]] = None,
             on_step: Optional[Callable[[StepLog], None]] = None,
             on_phase: Optional[Callable[[str], None]] = None,
@@ -368,15 +371,17 @@ class LongVideoAgent:
         prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long)
         if prompt.numel() == 0 and ask is None:
             raise ChunkError("prompt_ids must hold at least one token (or pass ask=)")
+        asks = {s.index: ask(s) for s in plan} if ask is not None else {}  # a bad plan fails before any edit
+        for i, a in asks.items():
+            if len(a.prompt) == 0:
+                raise ChunkError(f"ask({i}) gave an empty prompt")
         report = AgentReport()
         prev: list[Chunk] = []
         it: Iterable = progress(plan) if progress is not None else plan
         exact_ms_tok: list[float] = []
         with recording(self, self.record):  # a failed step leaves the steps done so far in the trace
             for s in it:
-                a = ask(s) if ask is not None else None
-                if a is not None and len(a.prompt) == 0:
-                    raise ChunkError(f"ask({s.index}) gave an empty prompt")
+                a = asks.get(s.index)
                 p = torch.as_tensor(list(a.prompt), dtype=torch.long) if a is not None else prompt
                 row = self.step(s, [frames[i] for i in s.frames], question, p, prev, a)
                 prev = [frames[i] for i in s.frames] + ([question] if question is not None else [])
@@ -420,7 +425,7 @@ class LongVideoAgent:
         row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
                       prefix_cache_tokens=_common_prefix_tokens(list(prev), wanted))
         if ask is not None:
-            row.question, row.correct = ask.kind, ask.correct(logits)
+            row.question_kind, row.correct = ask.kind, ask.correct(logits)
         if self.ref is not None:
             phase("exact")
             t1 = time.perf_counter()
@@ -485,7 +490,7 @@ def _right(r: StepLog) -> str:
     if r.correct is None:
         return "-"
     marks = "/".join("-" if v is None else str(int(v)) for v in (r.correct, r.exact_correct, r.blind_correct))
-    return f"{(r.question[:1] or '?').upper()} {marks}"
+    return f"{(r.question_kind[:1] or '?').upper()} {marks}"
 
 
 def _ranges(idx: Sequence[int]) -> str:
@@ -577,7 +582,7 @@ def binding_video(n_frames: int, seed: int = 0) -> tuple[list[Chunk], Callable[[
 
         frames, ask, prefix = binding_video(48)
         agent = LongVideoAgent(load_model("binding"), window=3, prefix=prefix, blind=True)
-        report = agent.run(frames, make_plan(48, 3, lookback=BINDING_LOOKBACK), (), ask=ask)
+        report = agent.run(frames, make_plan(48, 3, lookback=BINDING_LOOKBACK), ask=ask)
     """
     from windowkit.models.binding import task
 

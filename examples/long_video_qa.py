@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="agent steps, step s ends at sampled frame s (18; binding: 60)")
     ap.add_argument("--seed", type=int, default=0, help="binding model: which synthetic video")
     ap.add_argument("--lookback", default="auto",
-                    help="comma-separated look-back steps (frames s-10..s-8 first); 'auto': two; '' none")
+                    help="comma-separated look-back steps (frames s-10..s-8 first; binding: s-11, s-10); 'auto': two; '' none")
     ap.add_argument("--size", default="112x84", help="frame size WxH before patching")
     ap.add_argument("--rank", type=int, default=32, help="patch rank m")
     ap.add_argument("--refresh", default=None,
@@ -73,7 +73,9 @@ def main(argv=None) -> int:
 
     from agents.long_video import (BINDING_LOOKBACK, LongVideoAgent, binding_video, format_step_row, format_step_table,
                                    format_summary, lookback_steps, make_plan, sample_video)
+    from policies.refresh import make_refresh
     from windowkit.backends.hf import load_model
+    from windowkit.models.binding.task import N_TAGS
     from windowkit.errors import WindowkitError
 
     torch.set_num_threads(max(1, args.threads))
@@ -82,14 +84,21 @@ def main(argv=None) -> int:
         w, h = (int(x) for x in args.size.lower().split("x"))
     except ValueError:
         ap.error(f"--size must be WxH, got {args.size!r}")
+    try:
+        make_refresh(args.refresh)
+    except ValueError as e:
+        ap.error(f"--refresh: {e}")
     binding = args.model == "binding"
-    n_frames = args.frames or (60 if binding else 24)
-    window = args.window or (3 if binding else 6)
+    n_frames = (60 if binding else 24) if args.frames is None else args.frames
+    window = (3 if binding else 6) if args.window is None else args.window
     reach = BINDING_LOOKBACK if binding else (10, 8)
     try:
         if binding and args.video:
             raise WindowkitError("the binding model watches its own synthetic video (--seed); --video needs a "
                                  "Qwen-VL checkpoint (--model PATH)")
+        if binding and window > N_TAGS:
+            raise WindowkitError(f"the binding model names frames by {N_TAGS} tags (t mod {N_TAGS}): --window must be "
+                                 f"at most {N_TAGS}, got {window}")
         model = load_model(args.model)
         model_path = args.model if os.path.isdir(args.model) else None
         ask, prefix = None, None
@@ -100,7 +109,7 @@ def main(argv=None) -> int:
                                prefix=prefix, blind=binding, max_new_tokens=1 if binding else 4, refresh=args.refresh)
         if not binding:
             frames = sample_video(agent, args.video, args.fps, n_frames)
-        steps = min(args.steps or (n_frames if binding else 18), len(frames))
+        steps = min((n_frames if binding else 18) if args.steps is None else args.steps, len(frames))
         lookback = lookback_steps(args.lookback, steps, far=reach[0])
         plan = make_plan(len(frames), window, steps, lookback, lookback=reach)
         question, prompt = ((), ()) if binding else _question(model, model_path)

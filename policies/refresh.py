@@ -154,10 +154,13 @@ def make_refresh(spec: Any = None) -> Optional[RefreshPolicy]:
             raise ValueError(f"unknown refresh policy {spec!r}; known: {', '.join(REFRESH_POLICIES)}")
         if not arg:
             return cls()
-        if cls is DivergenceThreshold:
-            return cls(float(arg))
-        if cls is Budgeted:
-            return cls(int(arg))
+        conv = {DivergenceThreshold: (float, "a number"), Budgeted: (int, "an integer")}.get(cls)
+        if conv is not None:
+            try:
+                value = conv[0](arg)
+            except ValueError:
+                raise ValueError(f"refresh policy {name!r} takes {conv[1]}, got {spec!r}") from None
+            return cls(value)
         raise ValueError(f"refresh policy {name!r} takes no argument, got {spec!r}")
     raise TypeError(f"cannot make a refresh policy from {spec!r}")
 

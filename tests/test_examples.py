@@ -160,6 +160,11 @@ def test_long_video_example_defaults_to_the_binding_model(capsys):
     assert "| accuracy, multi_hop (7 steps): windowkit / exact re-prefill / blind |" in text
     assert main(["--video", "clip.mp4"]) == 2  # the binding model only watches its own video
     assert "--video needs a Qwen-VL checkpoint" in capsys.readouterr().err
+    assert main(["--window", "4"]) == 2  # four frames would repeat a tag: refused before any step runs
+    assert "--window must be at most 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--refresh", "threshold:x"])
+    assert e.value.code == 2 and "takes a number" in capsys.readouterr().err
 
 
 # ====================================================================== docs

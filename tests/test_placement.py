@@ -253,8 +253,9 @@ def test_refresh_select_and_factory() -> None:
     th = make_refresh("threshold:0.25")
     assert isinstance(th, DivergenceThreshold) and th.tau == 0.25
     assert make_refresh(None) is None and make_refresh("budget:3").k == 3
-    with pytest.raises(ValueError):
-        make_refresh("sometimes")
+    for bad in ("sometimes", "threshold:x", "budget:1.5", "always:3"):
+        with pytest.raises(ValueError, match="refresh policy"):  # policies stay pure Python: plain ValueError
+            make_refresh(bad)
     with pytest.raises(ValueError):
         DivergenceThreshold(0.0)
     # through the simulator, bad knobs are windowkit errors

@@ -147,6 +147,20 @@ def test_assign_diffs_into_edits(llama):
     assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6
 
 
+def test_assign_refuses_an_id_reused_for_other_content(llama):
+    """assign matches chunks by id; new content under a known id would silently reuse the old KV."""
+    a, b = text(llama, 8, 400, "a"), text(llama, 8, 401, "b")
+    win = wk.Window(llama, mode="exact")
+    win.assign([a, b])
+    win.assign([b])  # a evicted, still known
+    same = text(llama, 8, 400, "a")  # an equal chunk object under the same id is fine
+    assert win.assign([same, b]) == [("recall", "a")] and win.ids == ["a", "b"]
+    other = text(llama, 8, 402, "a")
+    with pytest.raises(wk.ChunkError, match="already known with other content"):
+        win.assign([other, b])
+    assert win.ids == ["a", "b"]  # nothing edited
+
+
 def test_assign_moves_the_fewest_chunks(llama):
     cs = {n: text(llama, 6, 900 + i, n) for i, n in enumerate("abcdefg")}
     win = wk.Window(llama, mode="patch", rank=4)

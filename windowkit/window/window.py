@@ -310,6 +310,10 @@ class Window:
         for c in wanted:
             if not isinstance(c, Chunk):
                 raise ChunkError(f"assign expects windowkit.Chunk objects, got {type(c).__name__}")
+            known = self._known.get(c.id)  # assign matches chunks by id: one id must mean one content
+            if known is not None and known is not c and known.content_hash() != c.content_hash():
+                raise ChunkError(f"assign: chunk id {c.id!r} is already known with other content; "
+                                 "give new content a new id")
         edits: list[tuple[str, str]] = []
         want = set(want_ids)
         for cid in [i for i in self.ids if i not in want]:

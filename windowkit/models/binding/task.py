@@ -171,18 +171,21 @@ def make_training_sequence(seed: int, index: int, n_questions: int = 8, aux: int
         multi_slot = -1
         slots = 1 + rng.permutation(n_questions - 1)[:aux]
         aux_slots = {int(j): present[int(i)] for j, i in zip(slots, rng.permutation(len(present)))}
+    changed = changed_colour(item)
     for j in range(1, n_questions):
         if j in aux_slots:
             c = aux_slots[j]
             qs.append([Q_DID_CHANGE[COLOURS.index(c)]])
-            answers.append(YES if c == changed_colour(item) else NO)
+            answers.append(YES if c == changed else NO)
             continue
         if j == multi_slot:
             qs.append([Q_CHANGED])
-            answers.append(COLOUR_TOKENS[COLOURS.index(changed_colour(item))])
+            answers.append(COLOUR_TOKENS[COLOURS.index(changed)])
             continue
         c, k = extra.pop()
-        if [Q_SHAPE_OF[COLOURS.index(c)][item.tags[k]]] == item.question:
+        # no repeat of the first question; before the multi_hop slot, nothing about the changed object (its
+        # shape in two frames would give the multi_hop answer away)
+        while [Q_SHAPE_OF[COLOURS.index(c)][item.tags[k]]] == item.question or (j < multi_slot and c == changed):
             c, k = extra.pop()
         qs.append([Q_SHAPE_OF[COLOURS.index(c)][item.tags[k]]])
         answers.append(SHAPE_TOKENS[SHAPES.index(item.layout[k][c][1])])
@@ -250,6 +253,7 @@ class Video:
     frames: list  # n x RGB uint8 [FRAME, FRAME, 3]
     layouts: list  # per frame: {colour: (cell, shape)}
     tags: list  # per frame: t mod N_TAGS (three consecutive frames carry three different tags)
+    seed: int = 0  # which video: part of every chunk id, so two videos never share an id
 
     def __len__(self) -> int:
         return len(self.frames)
@@ -281,17 +285,18 @@ def make_video(seed: int, n_frames: int) -> Video:
         cells = rng.permutation(GRID * GRID)[:n]
         layouts.append({c: (int(cells[i]), shapes[i]) for i, c in enumerate(colours)})
         tags.append(t % N_TAGS)
-    return Video([draw_frame(l, k) for l, k in zip(layouts, tags)], layouts, tags)
+    return Video([draw_frame(l, k) for l, k in zip(layouts, tags)], layouts, tags, int(seed))
 
 
 def video_chunk(video: Video, t: int):
-    """Frame ``t`` of ``video`` as a windowkit image Chunk (id ``frame-t``: the same chunk at any slot)."""
+    """Frame ``t`` of ``video`` as a windowkit image Chunk (id ``v<seed>-frame-<t>``: the same chunk at any
+    slot, and never the id of another video's frame)."""
     import torch
 
     from windowkit.chunk import Chunk
 
     return Chunk.image(torch.tensor(frame_ids(video.tags[t])), pixel_values=frame_pixels(video.frames[t]),
-                       image_grid_thw=torch.tensor([GRID_THW]), id=f"frame-{t}", frame_index=t)
+                       image_grid_thw=torch.tensor([GRID_THW]), id=f"v{video.seed}-frame-{t}", frame_index=t)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Train the binding model on CPU, deterministically, and write the checkpoint.
 
-    python -m windowkit.models.binding.train                      # the committed checkpoint (~22 min, 1 thread)
+    python -m windowkit.models.binding.train                      # the committed checkpoint (~21 min, 1 thread)
     python -m windowkit.models.binding.train --steps 300 --out /tmp/ckpt   # a quick run
 
 Fixed seeds everywhere (torch, the data stream ``make_item(seed, index)``), one CPU thread, no data
