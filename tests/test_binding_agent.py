@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("cv2")
+from _need import need  # noqa: E402
+
+need("cv2", "pip install opencv-python-headless (in requirements.txt: make venv)")
 
 from agents.long_video import BINDING_LOOKBACK, Ask, LongVideoAgent, binding_video, make_plan  # noqa: E402
 from windowkit.errors import ChunkError, WindowkitError  # noqa: E402

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import windowkit as wk
+from _need import need
 from windowkit.errors import TraceFormatError, WindowkitError
 from windowkit.trace import TraceRecorder, read_trace, simulate
 
@@ -102,7 +103,7 @@ def test_recorder_refuses_what_would_not_read_back(tmp_path):
 
 # ====================================================================== examples
 def test_simulate_trace_records_the_agent_and_replays_it(tmp_path, capsys):
-    pytest.importorskip("cv2")
+    need("cv2", "pip install opencv-python-headless (in requirements.txt: make venv)")
     from examples.simulate_trace import main
 
     rec = tmp_path / "agent.jsonl"
@@ -136,7 +137,7 @@ def test_simulate_trace_replays_a_generated_trace(capsys):
 
 
 def test_long_video_example_records_its_steps(tmp_path, capsys):
-    pytest.importorskip("cv2")
+    need("cv2", "pip install opencv-python-headless (in requirements.txt: make venv)")
     from examples.long_video_qa import main
 
     rec = tmp_path / "lv.jsonl"
@@ -151,7 +152,7 @@ def test_long_video_example_records_its_steps(tmp_path, capsys):
 
 
 def test_long_video_example_defaults_to_the_binding_model(capsys):
-    pytest.importorskip("cv2")
+    need("cv2", "pip install opencv-python-headless (in requirements.txt: make venv)")
     from examples.long_video_qa import main
 
     assert main(["--frames", "13", "--no-reference"]) == 0  # 13 steps, one look-back (step 11: frames 0, 1, 11; a multi-hop item too)

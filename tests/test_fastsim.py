@@ -22,14 +22,17 @@ from hand_trace import P, T  # noqa: E402  (tests/hand_trace.py)
 
 SMALL = {"sliding-3": dict(steps=30), "grow-interleave": dict(episodes=6), "append-zoom": dict(episodes=4),
          "random-lookback": dict(steps=30)}
-CONFIGS = [dict(mode="patch", form="eager"), dict(mode="patch", form="lazy"), dict(mode="blind"), dict(mode="exact")]
+# the default (form="lazy", fidelity="balanced"), the former default (eager, keep-as-is), every repair rule kind
+CONFIGS = [dict(mode="patch", form="eager", repair="none"), dict(mode="patch", form="lazy", repair="none"),
+           dict(mode="patch", form="lazy"), dict(mode="patch", form="eager", repair="head+sink:1"),
+           dict(mode="patch", form="lazy", repair="sink:2"), dict(mode="patch", form="lazy", repair="all"),
+           dict(mode="blind"), dict(mode="exact")]
 
 
 def _run_both(trace, profile="h100-kamera", **kw):
     """Per-step StepCost dicts of the real Window strategy and of WindowkitFast, in one simulate call."""
-    form = kw.pop("form", "eager")
-    real = WindowkitStrategy(name="real", form=form, **kw)
-    fast = WindowkitFast(name="fast", form=form, **kw)
+    real = WindowkitStrategy(name="real", **kw)
+    fast = WindowkitFast(name="fast", **kw)
     res = simulate(trace, profile, [real, fast], progress=False)
     assert "windowkit_approximated_steps" not in res.meta  # the reference metered every patch exactly
     return [asdict(c) for c in res.steps["real"]], [asdict(c) for c in res.steps["fast"]]
@@ -46,14 +49,33 @@ def _assert_equal_steps(trace, **kw):
 
 # ---------------------------------------------------------------------------------------------- by hand
 def test_hand_trace_matches_hand_numbers():
-    """The costs tests/test_simulate.py derives by hand for the real Window, now from the model."""
-    res = simulate(T, P, [WindowkitFast()], progress=False)
+    """The costs tests/test_simulate.py derives by hand for the real Window (form="eager", keep-as-is), now
+    from the model."""
+    res = simulate(T, P, [WindowkitFast(form="eager", repair="none")], progress=False)
     c = res.steps["windowkit-fast"]
     assert [x.total_ms for x in c] == [17.25, 18.5, 3.5]
     assert [x.encode_ms for x in c] == [2, 4, 0]
     assert [(x.encodes, x.patch_forms, x.patch_applies, x.relocations, x.binding_risk) for x in c] == \
         [(2, 1, 0, 0, 0), (1, 1, 0, 0, 0), (0, 0, 1, 2, 1)]
     assert max(x.bytes_held for x in c) == 20 * 100 + 6 * 10
+
+
+def test_hand_trace_default_lazy_balanced_by_hand():
+    """The defaults (form="lazy", fidelity="balanced" = repair "head+sink:5") on the hand trace.
+
+    s0: A at the head: prefill 4 (its canonical, 1 encode) + vision 8; B behind A: conditioned forward 2 only;
+        query 1 -> 15.
+    s1: evict A: B (no canonical stored) is stale; the rule recomputes the whole first stale survivor: B's 2
+        tokens at 0 (prefill 2, no relocation: fresh at its start); C: conditioned 4 + vision 8; query 1 -> 15.
+    s2: A recalled at the head from its canonical (free); B and C are stale behind it: B wholly (first stale),
+        C's first 5 tokens = all 4 of it: one recompute of 6 tokens, nothing relocated, no binding risk -> 6.
+    """
+    for s in (WindowkitFast(), WindowkitStrategy()):
+        c = simulate(T, P, [s], progress=False).steps[s.name]
+        assert [x.total_ms for x in c] == [15, 15, 6], s.name
+        assert [x.prefill_tokens for x in c] == [7, 7, 6], s.name
+        assert [(x.encodes, x.patch_forms, x.relocations, x.binding_risk) for x in c] == \
+            [(1, 0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0)], s.name
 
 
 def test_zero_budget_store_reencodes_by_hand():
@@ -68,7 +90,8 @@ def test_zero_budget_store_reencodes_by_hand():
         was kept: B and C keep their KV (risk 2) and relocate 0->4, 2->6 (replay 6*0.5) -> 7.
     bytes_held counts no stored canonical or patch, only the live window: 6, 6, 10 tokens x 100.
     """
-    for s in (WindowkitFast(store_budget_bytes=0), WindowkitStrategy(store_budget_bytes=0)):
+    for s in (WindowkitFast(store_budget_bytes=0, form="eager", repair="none"),
+              WindowkitStrategy(store_budget_bytes=0, form="eager", repair="none")):
         c = simulate(T, P, [s], progress=False).steps[s.name]
         assert [x.total_ms for x in c] == [17.25, 20.5, 7], s.name
         assert [x.encode_ms for x in c] == [2, 6, 4], s.name
@@ -84,7 +107,8 @@ def test_patch_bytes_on_the_fake_layout():
 
 
 def test_bad_knobs_raise_windowkit_errors():
-    for kw in (dict(mode="fuzzy"), dict(form="later"), dict(rank=0), dict(store_budget_bytes=-1)):
+    for kw in (dict(mode="fuzzy"), dict(form="later"), dict(rank=0), dict(store_budget_bytes=-1),
+               dict(repair="sink:0"), dict(repair="tail:3"), dict(fidelity="perfect")):
         with pytest.raises(WindowkitError):
             WindowkitFast(**kw)
 
@@ -99,29 +123,33 @@ def test_generators_step_by_step(gen, cfg):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(c.values()))
 def test_videotree_step_by_step(cfg):
     real = _assert_equal_steps(load_videotree(max_questions=20), **cfg)
-    assert sum(c["relocations"] for c in real) > 0 or cfg["mode"] == "exact"
+    # repair "all" recomputes every survivor that moved behind an edit: nothing is left to relocate
+    assert sum(c["relocations"] for c in real) > 0 or cfg["mode"] == "exact" or cfg.get("repair") == "all"
 
 
-@pytest.mark.parametrize("cfg", [dict(mode="patch", form="eager"), dict(mode="patch", form="lazy"), dict(mode="blind")],
+@pytest.mark.parametrize("cfg", [dict(mode="patch", form="eager", repair="none"), dict(mode="patch", form="lazy"),
+                                 dict(mode="patch", form="eager", repair="sink:3"), dict(mode="blind")],
                          ids=lambda c: "-".join(c.values()))
 def test_bounded_store_step_by_step(cfg):
     """A budget small enough to evict and refuse: same LRU victims, same re-encodes."""
     trace = GENERATORS["random-lookback"](steps=40, shot_tokens=20, caption_tokens=4, task_tokens=6, seed=3)
     real = _assert_equal_steps(trace, profile=P, store_budget_bytes=1500, **cfg)
     unbounded = _run_both(trace, profile=P, **cfg)[0]
-    if cfg.get("form") != "lazy":  # lazy encodes only chunks admitted at the head here: nothing to evict
+    if cfg.get("form") == "eager":  # lazy encodes only chunks admitted at the head here: nothing to evict
         assert sum(c["encodes"] for c in real) > sum(c["encodes"] for c in unbounded)  # the budget did bite
 
 
+@pytest.mark.parametrize("repair", ["none", "head+sink:1"])
 @pytest.mark.parametrize("budget", [None, 700])
-def test_recurring_contexts_step_by_step(budget):
+def test_recurring_contexts_step_by_step(budget, repair):
     """Contexts that recur: a chunk toggled out and back (its fresh patch is served again) and a window
     reversed back and forth (orbit patches formed once, then served)."""
     a, b, c, d = (ChunkRef(id=x, tokens=3 + i, kind="image" if i % 2 else "text") for i, x in enumerate("abcd"))
     wins = [[a, b, c, d], [a, c, d], [a, b, c, d], [d, c, b, a], [a, b, c, d], [d, c, b, a], [a, c, d], [a, b, c, d]]
     trace = Trace([Step(step=i, context=w, query_tokens=2 * (i % 2)) for i, w in enumerate(wins)], name="recur")
-    real = _assert_equal_steps(trace, profile=P, store_budget_bytes=budget)
+    real = _assert_equal_steps(trace, profile=P, store_budget_bytes=budget, form="eager", repair=repair)
     assert sum(x["patch_applies"] for x in real) >= 6 and sum(x["patch_forms"] for x in real) >= 6
+    _assert_equal_steps(trace, profile=P, store_budget_bytes=budget, repair=repair)  # lazy
 
 
 def test_no_vision_cache_and_full_rank():
@@ -169,6 +197,7 @@ def _traces(draw):
 
 _configs = st.fixed_dictionaries({
     "mode": st.sampled_from(["patch", "patch", "blind", "exact"]), "form": st.sampled_from(["eager", "lazy"]),
+    "repair": st.sampled_from(["none", "sink:1", "sink:3", "head+sink:2", "head", "all"]),
     "rank": st.sampled_from([32, 1, None]), "store_budget_bytes": st.sampled_from([None, None, 0, 100, 300, 1000]),
     "vision_cache": st.booleans()})
 

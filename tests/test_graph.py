@@ -257,7 +257,7 @@ def test_reuse_decision():
 
 
 def test_divergence_embed_hook():
-    torch = pytest.importorskip("torch")
+    import torch
     g = torch.Generator().manual_seed(0)
     clip1 = {f"a{i}": torch.randn(4, 16, generator=g) + 3.0 for i in range(4)}
     clip2 = {f"b{i}": torch.randn(16, generator=g) - 3.0 for i in range(4)}

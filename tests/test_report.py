@@ -28,6 +28,9 @@ HAND = {
     "blend": {"total_ms": 36, "prefill_tokens": 14},
     "windowkit": {"total_ms": 39.25, "prefill_tokens": 18, "encodes": 3, "patch_forms": 2, "patch_applies": 1,
                   "relocations": 2, "bytes_peak": 20 * 100 + 6 * 10},
+    # A, B, C prefilled once (10 tokens) + queries 1, 1, 0; vision A, C once (16 ms); holds the 10 distinct tokens
+    "floor": {"total_ms": 28, "prefill_tokens": 12, "encodes": 0, "patch_forms": 0, "patch_applies": 0,
+              "relocations": 0, "bytes_peak": 10 * 100},
 }
 REQUIRED = ("total_ms", "prefill_tokens", "encodes", "patch_forms", "patch_applies", "relocations", "bytes_peak")
 
@@ -167,7 +170,7 @@ def test_cli_simulate_out(tmp_path, capsys):
     assert f"report: {out / 'report.html'}" in capsys.readouterr().out
     s = json.loads((out / "summary.json").read_text())
     assert s["steps"] == 30 and s["profile"] == "cpu-tiny"
-    assert list(s["strategies"]) == ["recompute", "radix", "blind", "blend", "windowkit"]
+    assert list(s["strategies"]) == ["recompute", "radix", "blind", "blend", "windowkit", "floor"]
     steps = list(sliding_window())[:30]  # the generator's defaults, as the CLI builds it
     assert s["strategies"]["recompute"]["prefill_tokens"] == sum(st.tokens + st.query_tokens for st in steps)
     assert len(s["per_step"]["windowkit"]["total_ms"]) == 30

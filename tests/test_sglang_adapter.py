@@ -7,14 +7,16 @@
 2. Pools: ``SGLangKVPool`` writes land in the right slots of ``MHATokenToKVPool`` / ``MLATokenToKVPool``
    (NHD rows, TP head shards, MLA row [latent | k_pe] with k_pe in GPT-J pairs) and read back bit-identical.
 
-Skipped only when sglang is not importable (install: requirements-sglang.txt, see docs/backends.md).
+Fails (never skips) when sglang is not importable: `make .venv/.windowkit-sglang-installed` (see docs/backends.md).
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-pytest.importorskip("sglang")
+from _need import need  # noqa: E402
+
+need("sglang", "make .venv/.windowkit-sglang-installed (pip install --no-deps -r requirements-sglang.txt)")
 
 from sglang.srt.layers.rotary_embedding import base as sg_rope_base  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402

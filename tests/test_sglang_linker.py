@@ -22,7 +22,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytest.importorskip("sglang")
+from _need import need  # noqa: E402
+
+need("sglang", "make .venv/.windowkit-sglang-installed (pip install --no-deps -r requirements-sglang.txt)")
 
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402

@@ -12,7 +12,8 @@ from hand_trace import A, B, C, P, T  # noqa: E402  (tests/hand_trace.py)
 
 @pytest.fixture(scope="module")
 def res():
-    return simulate(T, P, progress=False)
+    return simulate(T, P, strategies=["recompute", "radix", "blind", "blend", "windowkit", "windowkit-eager", "floor"],
+                    progress=False)
 
 
 def _ms(res, name):
@@ -53,6 +54,26 @@ def test_blend(res):
 
 
 def test_windowkit(res):
+    # the defaults: form="lazy" (deferred forming), fidelity="balanced" (repair "head+sink:5")
+    # s0: A at the head: prefill 4 (its canonical, 1 encode) + vision 8; B behind A: conditioned forward 2 only
+    #     (no canonical, no patch); query 1 -> 15
+    # s1: evict A: B is stale (formed on (A,)); the rule recomputes the whole first stale survivor: B's 2 tokens
+    #     at 0 (prefill 2; fresh at its start, nothing relocated); C: conditioned forward 4 + vision 8; query 1 -> 15
+    # s2: recall A at the head (canonical from the store: free); B and C are stale behind it: B wholly (the first
+    #     stale), C's first 5 tokens = all its 4: one recompute of 6 tokens, nothing relocated, no risk -> 6
+    assert _ms(res, "windowkit") == [15, 15, 6]
+    t = res.totals("windowkit")
+    assert (t["encodes"], t["patch_forms"], t["patch_applies"], t["relocations"]) == (1, 0, 0, 0)
+    assert (t["prefill_tokens"], t["vision_encodes"], t["binding_risk"]) == (20, 2, 0)
+    assert t["bytes_peak"] == (4 + 10) * 100  # A's canonical + the live window; no patch stored
+    assert [c.encode_ms for c in res.steps["windowkit"]] == [0, 0, 0]
+    s = res.summary()
+    assert s["ratios"]["windowkit/radix"] == pytest.approx(36 / 34)
+    assert s["ratios"]["windowkit/recompute"] == pytest.approx(36 / 56)
+
+
+def test_windowkit_eager(res):
+    # the former default: form="eager", repair "none" (keep-as-is)
     # s0: admit A at the head: its prefill is its canonical (4 tokens, encode 1, vision 8);
     #     admit B behind A: conditioned forward (2) + canonical encode (2) + patch form (SVD 2*0.125);
     #     query 1 token -> prefill 9 + vision 8 + 0.25 = 17.25
@@ -61,28 +82,28 @@ def test_windowkit(res):
     # s2: recall A at the head (canonical from the store: free); B behind A finds the patch formed on (A,) at s0:
     #     placed at 4 with the patch (replay 2 -> 1 ms, apply 2*0.25 -> 0.5 ms); C keeps its KV (formed on (B,),
     #     binding risk 1) and relocates 2 -> 6 (replay 4 -> 2 ms) -> 3.5
-    assert _ms(res, "windowkit") == [17.25, 18.5, 3.5]
-    t = res.totals("windowkit")
+    assert _ms(res, "windowkit-eager") == [17.25, 18.5, 3.5]
+    t = res.totals("windowkit-eager")
     assert (t["encodes"], t["patch_forms"], t["patch_applies"], t["relocations"]) == (3, 2, 1, 2)
     assert (t["prefill_tokens"], t["vision_encodes"], t["binding_risk"]) == (18, 2, 1)
     # canonicals 10 + live window 10 tokens of KV, patches of B (2) and C (4) tokens
     assert t["bytes_peak"] == 20 * 100 + 6 * 10
     # canonical encodes of chunks already prefilled in context: B at s0 (2 tokens), C at s1 (4 tokens)
-    assert [c.encode_ms for c in res.steps["windowkit"]] == [2, 4, 0]
+    assert [c.encode_ms for c in res.steps["windowkit-eager"]] == [2, 4, 0]
     s = res.summary()
-    assert s["ratios"]["windowkit/radix"] == pytest.approx(39.25 / 34)
-    assert s["ratios"]["windowkit/recompute"] == pytest.approx(39.25 / 56)
-    assert s["ratios"]["windowkit_bg_encode/radix"] == pytest.approx((39.25 - 6) / 34)
+    assert s["ratios"]["windowkit-eager/radix"] == pytest.approx(39.25 / 34)
 
 
 def test_windowkit_encodes_each_distinct_chunk_once():
-    """With an unbounded store every distinct chunk is encoded exactly once, and seen by vision once."""
+    """With an unbounded store every distinct chunk is encoded at most once (form="eager": exactly once; the
+    default form="lazy" only when something needs the canonical), and seen by vision once."""
     for trace in (sliding_window(steps=25, k=3, seed=1), random_lookback(steps=25, p=0.5, seed=2),
                   grow_interleave(episodes=3, seed=3)):
-        res = simulate(trace, P, strategies=["windowkit"], progress=False)
-        t = res.totals("windowkit")
+        res = simulate(trace, P, strategies=["windowkit", "windowkit-eager"], progress=False)
         chunks = trace.distinct_chunks()
-        assert t["encodes"] == len(chunks), trace.name
+        assert res.totals("windowkit-eager")["encodes"] == len(chunks), trace.name
+        assert res.totals("windowkit")["encodes"] <= len(chunks), trace.name
+        t = res.totals("windowkit")
         assert t["vision_encodes"] == sum(1 for c in chunks.values() if c.kind != "text")
         assert "windowkit_approximated_steps" not in res.meta  # patch tokens were metered exactly
 
@@ -192,11 +213,12 @@ def test_windowkit_lazy_form():
     #     forward (replay 2 -> 1 ms); C: conditioned forward 4 + vision 8; query 1 -> 14
     # s2: A recalled from its canonical (free); B's antecedents are (A,) again; B 0 -> 4 (1 ms) and C 2 -> 6 (2 ms),
     #     C still conditioned on (B,) -> 3
-    res = simulate(T, P, strategies=["radix", "windowkit-lazy"], progress=False)
-    assert _ms(res, "windowkit-lazy") == [15, 14, 3]
-    t = res.totals("windowkit-lazy")
+    # (form="lazy" with keep-as-is survivors: fidelity="fast")
+    res = simulate(T, P, strategies=["radix", "windowkit-fast-fidelity"], progress=False)
+    assert _ms(res, "windowkit-fast-fidelity") == [15, 14, 3]
+    t = res.totals("windowkit-fast-fidelity")
     assert (t["encodes"], t["patch_forms"], t["relocations"], t["binding_risk"]) == (1, 0, 3, 2)
-    assert res.summary()["ratios"]["windowkit-lazy/radix"] == pytest.approx(32 / 34)
+    assert res.summary()["ratios"]["windowkit-fast-fidelity/radix"] == pytest.approx(32 / 34)
 
 
 def test_bounded_store_bytes_held_counts_only_what_the_store_holds():
@@ -206,7 +228,7 @@ def test_bounded_store_bytes_held_counts_only_what_the_store_holds():
     from windowkit.trace.simulate import WindowkitStrategy
 
     budget = 30_000
-    wk = WindowkitStrategy(store_budget_bytes=budget)
+    wk = WindowkitStrategy(store_budget_bytes=budget, form="eager")  # eager fills the store: the budget bites
     res = simulate(random_lookback(steps=40, seed=1), "h100-kamera", [wk], progress=False)
     store = wk.store
     assert store.stats.evictions > 0  # the budget really bites
@@ -227,9 +249,13 @@ def test_simulate_store_options_reach_windowkit_fast_and_bad_combinations_are_re
 
     trace = random_lookback(steps=30, seed=2)
     res = simulate(trace, "h100-kamera", ["windowkit", "windowkit-fast"], progress=False, store_budget_bytes=40_000)
-    unbounded = simulate(trace, "h100-kamera", ["windowkit-fast"], progress=False)
     assert res.per_step("windowkit") == res.per_step("windowkit-fast")
-    assert res.totals("windowkit-fast")["encodes"] > unbounded.totals("windowkit-fast")["encodes"]
+    # form="eager" fills the store (the default lazy form stores little here): there the budget bites
+    res = simulate(trace, "h100-kamera", ["windowkit-eager", "windowkit-fast-eager"], progress=False,
+                   store_budget_bytes=40_000)
+    unbounded = simulate(trace, "h100-kamera", ["windowkit-fast-eager"], progress=False)
+    assert res.per_step("windowkit-eager") == res.per_step("windowkit-fast-eager")
+    assert res.totals("windowkit-fast-eager")["encodes"] > unbounded.totals("windowkit-fast-eager")["encodes"]
     with pytest.raises(WindowkitError, match="LRU store"):
         simulate(trace, "h100-kamera", ["windowkit-fast"], progress=False, store_budget_bytes=40_000,
                  store_policy="belady")

@@ -87,7 +87,7 @@ def test_survivors_relocate_and_recall_gets_a_fresh_patch(llama):
     """Slide a window of 3 over 6 chunks, then recall the first: the fresh patch on its new context beats
     replaying the patch frozen at its first admission (the paper's stale-patch finding)."""
     cs = [text(llama, 16, 100 + i) for i in range(6)]
-    win = wk.Window(llama, mode="patch", rank=8)
+    win = wk.Window(llama, mode="patch", rank=8, form="eager", repair="none")
     for c in cs[:3]:
         win.admit(c)
     forms0 = win.stats.patch_forms
@@ -111,7 +111,7 @@ def test_survivors_relocate_and_recall_gets_a_fresh_patch(llama):
 
 def test_reorder_uses_orbit_patch_and_context_reuse(llama):
     cs = [text(llama, 12, 200 + i, f"r{i}") for i in range(3)]
-    win = wk.Window(llama, mode="patch", rank=16)
+    win = wk.Window(llama, mode="patch", rank=16, form="eager", repair="none")
     for c in cs:
         win.admit(c)
     win.reorder(["r2", "r0", "r1"])
@@ -124,7 +124,7 @@ def test_reorder_uses_orbit_patch_and_context_reuse(llama):
     kl_blind = kl_divergence(ref, blind.forward(QUERY))
     assert kl_patch < kl_blind, (kl_patch, kl_blind)
     # the same context recurring reuses the stored patch: no new forms, no new forwards for it
-    win2 = wk.Window(llama, store=win.store, mode="patch", rank=16)
+    win2 = wk.Window(llama, store=win.store, mode="patch", rank=16, form="eager", repair="none")
     for c in cs:
         win2.admit(c)
     forms, fwd = win2.stats.patch_forms, win2.stats.forwards
@@ -255,7 +255,7 @@ def test_random_edit_sequences(llama, seq):
 
 def test_fork_is_copy_on_write_and_clean_fork_reconditions(llama):
     cs = [text(llama, 10, 600 + i, f"f{i}") for i in range(3)]
-    win = wk.Window(llama, mode="patch", rank=None)
+    win = wk.Window(llama, mode="patch", rank=None, form="eager", repair="none")
     for c in cs:
         win.admit(c)
     ref = reference_logits(llama, cs, QUERY)
@@ -301,7 +301,7 @@ def test_recall_cascade_is_computed_and_applied(llama, cascade):
     whose conditioning changes with b back: the cascade lists d; "apply" re-conditions it and the window
     (full rank) equals a fresh prefill again."""
     a, b, c, d = (text(llama, 9, 800 + i, n) for i, n in enumerate("abcd"))
-    win = wk.Window(llama, mode="patch", rank=None, cascade=cascade)
+    win = wk.Window(llama, mode="patch", rank=None, cascade=cascade, form="eager", repair="none")
     for x in (a, b, c):
         win.admit(x)
     win.evict("b")
@@ -326,7 +326,7 @@ def test_superset_context_rebuilds_and_limited_recondition(llama):
     flags it for rebuild, "apply" rebuilds it; recondition(limit=1) refreshes the most diverged first."""
     a, b, c = (text(llama, 8, 1000 + i, n) for i, n in enumerate("abc"))
     for cascade in ("plan", "apply"):
-        win = wk.Window(llama, mode="patch", rank=None, cascade=cascade)
+        win = wk.Window(llama, mode="patch", rank=None, cascade=cascade, form="eager", repair="none")
         win.admit(a)
         win.admit(b)
         win.evict("b")
@@ -349,7 +349,7 @@ def test_removal_patches_recondition_survivors(mla):
     ref = reference_logits(mla, cs[1:], QUERY)
     kls = {}
     for flag in (False, True):
-        win = wk.Window(mla, mode="patch", rank=None, removal_patches=flag)
+        win = wk.Window(mla, mode="patch", rank=None, removal_patches=flag, repair="none")
         for c in cs:
             win.admit(c)
         win.evict("head")
@@ -375,12 +375,13 @@ def test_vision_tower_runs_once_per_image_chunk():
 
 
 def test_lazy_forming_skips_canonical_encodes(llama):
-    """form="lazy": a sliding window with a recall does one forward per admitted or recalled chunk and
-    no canonical encode beyond the first chunk's (its prefill at position 0 is its canonical)."""
+    """form="lazy" (keep-as-is survivors here): a sliding window with a recall does one forward per admitted or
+    recalled chunk and no canonical encode beyond the first chunk's (its prefill at position 0 is its canonical).
+    (The default fidelity adds one repair forward per edit that leaves stale survivors: tests/test_repair.py.)"""
     cs = [text(llama, 12, 1200 + i, f"z{i}") for i in range(5)]
     outs, stats = {}, {}
     for form in ("eager", "lazy"):
-        win = wk.Window(llama, mode="patch", rank=8, form=form)
+        win = wk.Window(llama, mode="patch", rank=8, form=form, repair="none")
         for c in cs[:3]:
             win.admit(c)
         for c in cs[3:]:
@@ -402,11 +403,52 @@ def test_window_with_shared_basis_reuses_rotated_coefficients(llama):
 
     basis = SharedPatchBasis(llama.layout, rank=64)
     cs = [text(llama, 10, 1300 + i, f"sb{i}") for i in range(4)]
-    win = wk.Window(llama, mode="patch", rank=64, basis=basis)
+    win = wk.Window(llama, mode="patch", rank=64, basis=basis, form="eager")
     for c in cs:
         win.admit(c)  # the basis moves with every formed patch
-    win2 = wk.Window(llama, store=win.store, mode="patch", rank=64, basis=basis)
+    win2 = wk.Window(llama, store=win.store, mode="patch", rank=64, basis=basis, form="eager")
     for c in cs:
         win2.admit(c)
     assert win2.stats.patch_reuses == 3 and win2.stats.forwards == 0
     assert kl_divergence(reference_logits(llama, cs, QUERY), win2.forward(QUERY)) <= 1e-6
+
+
+# ---------------------------------------------------------------------------------------------- deferred forming
+def test_default_defers_forming_to_need_or_prefetch(llama):
+    """The default (form="lazy"): admissions at the tail and a recall to the tail with no stored patch are
+    just their conditioned prefills (no canonical encode, no patch); prefetch() forms canonicals and patches
+    between steps, after which the same context recurring costs zero forwards."""
+    cs = [text(llama, 10, 1400 + i, f"d{i}") for i in range(4)]
+    win = wk.Window(llama, rank=None, fidelity="fast")
+    assert win.form == "lazy"
+    for c in cs[:3]:
+        win.admit(c)
+    assert (win.stats.encodes, win.stats.patch_forms) == (1, 0)  # d0's prefill at 0 is its canonical
+    win.evict("d2")  # the tail: no survivor behind it
+    p0, f0 = win.stats.prefill_tokens, win.stats.forwards
+    win.recall("d2")  # back at the tail, no stored patch for its context: its conditioned prefill, exact
+    assert win.stats.forwards - f0 == 1 and win.stats.prefill_tokens - p0 == len(cs[2])
+    assert (win.stats.encodes, win.stats.patch_forms) == (1, 0)
+    assert kl_divergence(reference_logits(llama, cs[:3], QUERY), win.forward(QUERY)) <= 1e-6
+    done = win.prefetch()
+    assert done == {"encodes": 2, "patch_forms": 2}  # d1, d2 encoded once; their patches on (d0,), (d0, d1)
+    assert win.prefetch() == {"encodes": 0, "patch_forms": 0}
+    # the context recurs in another window on the same store: zero forwards, exact at full rank
+    win2 = wk.Window(llama, store=win.store, rank=None)
+    for c in cs[:3]:
+        win2.admit(c)
+    assert win2.stats.forwards == 0 and win2.stats.patch_reuses == 2
+    assert kl_divergence(reference_logits(llama, cs[:3], QUERY), win2.forward(QUERY)) <= 1e-6
+
+
+def test_prefetch_skips_patches_for_stale_chunks(llama):
+    """A survivor kept as-is (formed on other antecedents) gets no patch for its current context from
+    prefetch: its KV is not that context's conditioning."""
+    cs = [text(llama, 8, 1500 + i, f"e{i}") for i in range(3)]
+    win = wk.Window(llama, fidelity="fast")
+    for c in cs:
+        win.admit(c)
+    win.evict("head")
+    win.prefetch()
+    assert win.stats.patch_forms == 0  # e1, e2 are stale (formed behind e0)
+    assert all(win.store.has_canonical(win._keys[c.id]) for c in cs[1:])

@@ -18,6 +18,7 @@ USAGE = """usage: windowkit <command> [options]
 commands:
   verify      fidelity table per model (relocation error, KL to re-prefill, eta, patch bytes)
   bench kv    KV operator benchmark (reuse vs re-prefill, forming cost, break-even, bandwidth)
+  bench real  real-weights fidelity benchmark on SmolLM2-135M (KL, answer agreement, accuracy, cost per strategy)
   simulate    replay an access trace through reuse strategies (recompute, radix, blind, blend, windowkit);
               --out DIR writes summary.json, PNG plots and a self-contained report.html
   calibrate   measure a cost profile on this machine (--out PATH, default ./windowkit-profile.json);
@@ -58,8 +59,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             return int(train_binding_main(rest) or 0)
         if cmd == "bench":
+            if rest and rest[0] == "real":
+                from windowkit.benchmarks.real import main as bench_real_main
+
+                return int(bench_real_main(rest[1:]) or 0)
             if not rest or rest[0] != "kv":
-                print("usage: windowkit bench kv [--quick] [--json PATH]", file=sys.stderr)
+                print("usage: windowkit bench kv [--quick] [--json PATH] | windowkit bench real [--n N] [--json PATH]",
+                      file=sys.stderr)
                 return 2
             from windowkit.benchmarks.kv import main as bench_main
 

@@ -8,6 +8,11 @@ Reports the relocation error (R(δ)·KV(B|∅) vs the model's own KV(B|∅) at �
 eta (fraction of the blind gap closed) and patch bytes as % of B's KV.
 
     windowkit verify --model tiny-llama --model /path/to/local/checkpoint
+    windowkit verify --model smollm2      # real trained weights, real text in the model's chat template
+
+Tiny random models get random token chunks; ``smollm2`` (and a local checkpoint folder with a tokenizer and
+a chat template) gets English passages: A opens the user turn, B follows, q asks a question and opens the
+assistant turn.
 """
 from __future__ import annotations
 
@@ -30,7 +35,40 @@ DEFAULT_MODELS = ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-deepseek-v3", "tiny-
 DEFAULT_RANKS: list[Optional[int]] = [1, 4, 16, 32, 64, None]
 
 
-def _chunks(backend: HFBackend, seed: int) -> tuple[Chunk, Chunk, Chunk]:
+def _text_chunks(tok: Any, seed: int, n: int = 3) -> list[Chunk]:
+    """``n`` real-text chunks: chat header + passage, passages, then a question closing the user turn."""
+    from windowkit.models.texts import PASSAGES, QUESTIONS
+
+    msgs = [{"role": "user", "content": "\x00"}]
+    shell = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    head, tail = shell.split("\x00")
+    ps = [PASSAGES[(seed + i) % len(PASSAGES)] for i in range(n - 1)]
+    texts = [head + ps[0]] + ["\n\n" + p for p in ps[1:]] + ["\n\n" + QUESTIONS[seed % len(QUESTIONS)] + tail]
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    names = ["A", "B", "q"] if n == 3 else [f"x{i}" for i in range(n - 1)] + ["q"]
+    return [Chunk.text(torch.tensor(x), id=f"{nm}{seed}") for nm, x in zip(names, ids)]
+
+
+def _tokenizer_for(name: str) -> Any:
+    """The tokenizer of a real text model (smollm2, or a local folder with a chat template); None otherwise."""
+    if name == "smollm2":
+        from windowkit.models.smollm2 import load_tokenizer
+
+        return load_tokenizer()
+    import os
+
+    if os.path.isdir(name) and os.path.isfile(os.path.join(name, "tokenizer_config.json")):
+        import transformers
+
+        tok = transformers.AutoTokenizer.from_pretrained(name)
+        return tok if getattr(tok, "chat_template", None) else None
+    return None
+
+
+def _chunks(backend: HFBackend, seed: int, tok: Any = None) -> tuple[Chunk, Chunk, Chunk]:
+    if tok is not None and backend.model_type not in ("qwen2_5_vl", "qwen3_vl"):
+        a, b, q = _text_chunks(tok, seed)
+        return a, b, q
     g = torch.Generator().manual_seed(seed)
     vocab = backend.vocab_size
     lo = 10
@@ -49,16 +87,18 @@ def _chunks(backend: HFBackend, seed: int) -> tuple[Chunk, Chunk, Chunk]:
 
 
 def verify_model(name: str, ranks: Sequence[Optional[int]] = DEFAULT_RANKS, trials: int = 3,
-                 dtype: torch.dtype = torch.float32, device: str = "cpu", model: Any = None) -> dict:
-    """Fidelity numbers for one model, averaged over ``trials`` random (A, B, q) triples."""
+                 dtype: torch.dtype = torch.float32, device: str = "cpu", model: Any = None, orbit: bool = True) -> dict:
+    """Fidelity numbers for one model, averaged over ``trials`` random (A, B, q) triples.
+    ``orbit=False`` skips the reorder measurement (36 forwards, the slow part on a real model)."""
     model = model if model is not None else load_model(name, dtype=dtype, device=device)
     be = HFBackend(model)
+    tok = _tokenizer_for(name)
     rows: dict[str, list[float]] = {"reloc_err": [], "kl_blind": []}
     for r in ranks:
         rows[f"kl_r{r or 'full'}"] = []
         rows[f"bytes_r{r or 'full'}"] = []
     for t in range(trials):
-        a, b, q = _chunks(be, t)
+        a, b, q = _chunks(be, t, tok)
         full = be.forward([a, b, q], 0)
         ref = full.logits
         ra = be.forward([a], 0)
@@ -86,23 +126,34 @@ def verify_model(name: str, ranks: Sequence[Optional[int]] = DEFAULT_RANKS, tria
         for c in (a, b, q):
             be.forget(c)
     out = {k: sum(v) / len(v) for k, v in rows.items()}
-    out.update(_orbit_k3(be))
+    if orbit:
+        out.update(_orbit_k3(be, tok=tok))
     out["layout"] = be.layout.describe()
     out["model"] = name
-    out["chunk_tokens"] = len(_chunks(be, 0)[1])
+    out["text"] = "real text, chat template" if tok is not None else "random tokens"
+    out["chunk_tokens"] = len(_chunks(be, 0, tok)[1])
     for r in ranks:
         out[f"eta_r{r or 'full'}"] = eta(out["kl_blind"], out[f"kl_r{r or 'full'}"])
     return out
 
 
-def _orbit_k3(be: HFBackend, rank: int = 16) -> dict:
+def _orbit_k3(be: HFBackend, rank: int = 16, tok: Any = None) -> dict:
     """Reorder at K=3: the orbit patch (mean deficit over the other 5 orderings, the test ordering held
     out) against the test ordering's own patch, both as eta over blind reuse, averaged over the 6 tests."""
-    g = torch.Generator().manual_seed(123)
-    vocab = be.vocab_size
-    xs = [Chunk.text(torch.randint(10, vocab, (16,), generator=g), id=f"x{i}") for i in range(3)]
-    b = Chunk.text(torch.randint(10, vocab, (32,), generator=g), id="orbitB")
-    q = Chunk.text(torch.randint(10, vocab, (6,), generator=g), id="orbitQ")
+    if tok is not None:  # passages without the chat header (a header would move with the permutations)
+        from windowkit.models.texts import PASSAGES, QUESTIONS
+
+        def tc(text: str, cid: str) -> Chunk:
+            return Chunk.text(torch.tensor(tok(text, add_special_tokens=False).input_ids), id=cid)
+
+        xs = [tc(" " + PASSAGES[4 + i].split(". ")[0] + ".", f"x{i}") for i in range(3)]
+        b, q = tc(" " + PASSAGES[1], "orbitB"), tc("\n" + QUESTIONS[0], "orbitQ")
+    else:
+        g = torch.Generator().manual_seed(123)
+        vocab = be.vocab_size
+        xs = [Chunk.text(torch.randint(10, vocab, (16,), generator=g), id=f"x{i}") for i in range(3)]
+        b = Chunk.text(torch.randint(10, vocab, (32,), generator=g), id="orbitB")
+        q = Chunk.text(torch.randint(10, vocab, (6,), generator=g), id="orbitQ")
     delta = sum(be.span(x) for x in xs)
     canon = be.encode(b)
     cond = {}
@@ -129,11 +180,11 @@ def _orbit_k3(be: HFBackend, rank: int = 16) -> dict:
 
 def format_table(results: Sequence[dict], ranks: Sequence[Optional[int]] = DEFAULT_RANKS) -> str:
     names = [f"r{r or 'full'}" for r in ranks]
-    head = "| model | layout | B tokens | reloc err | KL blind | " + " | ".join(f"KL {n}" for n in names) + " |"
-    sep = "|" + "---|" * (5 + len(names))
+    head = "| model | text | layout | B tokens | reloc err | KL blind | " + " | ".join(f"KL {n}" for n in names) + " |"
+    sep = "|" + "---|" * (6 + len(names))
     lines = ["### next-token KL to re-prefill (lower is better)", "", head, sep]
     for r in results:
-        lines.append(f"| {r['model']} | {r['layout']} | {r['chunk_tokens']} | {r['reloc_err']:.1e} | {r['kl_blind']:.2e} | "
+        lines.append(f"| {r['model']} | {r.get('text', 'random tokens')} | {r['layout']} | {r['chunk_tokens']} | {r['reloc_err']:.1e} | {r['kl_blind']:.2e} | "
                      + " | ".join(f"{r['kl_' + n]:.2e}" for n in names) + " |")
     lines += ["", "### eta (fraction of the blind gap closed) and patch bytes (% of the chunk's KV)", "",
               "| model | " + " | ".join(f"eta {n}" for n in names) + " | " + " | ".join(f"bytes {n}" for n in names) + " |",
@@ -144,7 +195,7 @@ def format_table(results: Sequence[dict], ranks: Sequence[Optional[int]] = DEFAU
     lines += ["", "### reorder at K=3, rank 16: orbit patch (test ordering held out) vs the ordering's own patch", "",
               "| model | eta orbit | eta exact |", "|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['model']} | {r['eta_orbit_k3']:.3f} | {r['eta_exact_k3']:.3f} |")
+        lines.append(f"| {r['model']} | {r.get('eta_orbit_k3', float('nan')):.3f} | {r.get('eta_exact_k3', float('nan')):.3f} |")
     return "\n".join(lines)
 
 

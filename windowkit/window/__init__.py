@@ -1,4 +1,4 @@
 """The Window deque (admit / evict / recall / reorder / assign / materialize / forward)."""
-from windowkit.window.window import Edit, Mode, Window, WindowStats
+from windowkit.window.window import FIDELITY, Edit, Mode, RepairRule, Window, WindowStats
 
-__all__ = ["Window", "WindowStats", "Edit", "Mode"]
+__all__ = ["Window", "WindowStats", "Edit", "Mode", "RepairRule", "FIDELITY"]

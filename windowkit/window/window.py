@@ -15,6 +15,12 @@ Each entry holds the chunk's *current* KV at a known start position. Moving an e
 recall or reorder) relocates that KV by the position delta: exact algebra, the paper's keep-as-is.
 A chunk (re-)entering behind a context gets the patch keyed by (chunk, context hash) from the store, or
 one formed now from a single conditioned forward and stored for the next time that context recurs.
+
+Forming is deferred by default (``form="lazy"``): an admission keeps its conditioned prefill and pays
+nothing else; canonicals and patches are formed when something needs them, or in ``win.prefetch()``.
+After an edit that changes survivors' antecedents (eviction in front of them, an insert ahead of them) the
+stale survivors are repaired by a ``repair`` rule (selective recompute, CacheBlend semantics), chosen by
+``fidelity``: "exact" (recompute every stale survivor), "balanced" (default), "fast" (keep-as-is).
 """
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ class WindowStats:
     relocations: int = 0  # chunk KVs re-rotated to a new position
     prefill_tokens: int = 0  # tokens run through the model (conditioned forwards, exact prefills)
     reused_tokens: int = 0  # tokens placed from stored KV instead of a prefill
-    fallbacks: int = 0  # edits that fell back to an exact re-prefill
+    fallbacks: int = 0  # edits that fell back to an exact re-prefill (also: a repair run as a full recondition)
+    repaired_tokens: int = 0  # survivor tokens recomputed by the repair rule (also counted in prefill_tokens)
     forwards: int = 0
     vision_calls: int = 0  # vision-tower runs caused by this window (a recalled or moved chunk causes none)
     bytes_moved: int = 0  # KV bytes written by relocate / patch apply
@@ -55,6 +62,67 @@ class WindowStats:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RepairRule:
+    """Which tokens of the stale survivors an edit recomputes (one forward, CacheBlend semantics).
+
+    Every rule picks the first tokens of each stale survivor (in window order); ``counts`` says how many.
+
+      none         keep-as-is: nothing recomputed, survivors only relocate
+      sink:N       the first N tokens of every stale survivor (their attention sink moved; EPIC-like)
+      head+sink:N  the whole first stale survivor (the chunk right behind the edit) + the first N of the others
+      all          every stale survivor wholly (= exact re-conditioning of the survivors)
+
+        RepairRule.parse("head+sink:5").counts([40, 40, 3])   # [40, 5, 3]
+    """
+
+    name: str
+    sink: int = 0
+    head: bool = False
+    full: bool = False
+
+    @property
+    def is_none(self) -> bool:
+        return not (self.full or self.head or self.sink)
+
+    def counts(self, sizes: Sequence[int]) -> list[int]:
+        """Tokens to recompute (from each chunk's start) for stale survivors of these sizes, in window order."""
+        if self.full:
+            return [int(n) for n in sizes]
+        return [int(n) if (self.head and k == 0) else min(self.sink, int(n)) for k, n in enumerate(sizes)]
+
+    @classmethod
+    def parse(cls, spec: Union[str, "RepairRule", None]) -> "RepairRule":
+        if isinstance(spec, RepairRule):
+            return spec
+        if spec is None:
+            return cls("none")
+        if not isinstance(spec, str):
+            raise WindowkitError(f"repair must be a spec string or a RepairRule, got {type(spec).__name__}")
+        s = spec.strip().lower().replace(" ", "")
+        if s in ("none", "keep", "keep-as-is"):
+            return cls("none")
+        if s in ("all", "exact"):
+            return cls("all", full=True)
+        if s == "head":
+            return cls("head", head=True)
+        for pre, head in (("head+sink:", True), ("sink:", False)):
+            if s.startswith(pre):
+                try:
+                    n = int(s[len(pre):])
+                except ValueError:
+                    n = -1
+                if n < (0 if head else 1):
+                    break
+                return cls(f"{pre}{n}", sink=n, head=head)
+        raise WindowkitError(f"repair spec {spec!r} not understood: use 'none', 'sink:N' (N >= 1), "
+                             "'head+sink:N' (N >= 0), 'head' or 'all'")
+
+
+# fidelity= presets: what each maps to (docs/window.md has the measured front on SmolLM2-135M)
+FIDELITY = {"exact": "all", "balanced": "head+sink:5", "fast": "none"}
 
 
 @dataclass
@@ -102,15 +170,20 @@ class Window:
     removal_patches: re-condition survivors after an eviction with a removal patch (deepstack models)
     cascade:  "plan" (default: a recall computes and costs the cascade of dependents whose patch was formed
               on the recalled chunk, in ``last_cascade`` and ``plan()``) or "apply" (also re-conditions them)
-    form:     "eager" (default: every conditioned forward also encodes the canonical once and stores a patch
-              for that context, so the context recurring later costs zero forwards) or "lazy" (keep the
-              conditioned KV only; the canonical is encoded on first need: reorder, blind view, clean fork)
+    form:     "lazy" (default: keep the conditioned KV only; the canonical and patches are formed on first
+              need: reorder, blind view, clean fork, or ``prefetch()`` between steps) or "eager" (every
+              conditioned forward also encodes the canonical once and stores a patch for that context)
+    fidelity: "balanced" (default), "exact" or "fast": the repair rule used when ``repair`` is not given
+              (FIDELITY: exact -> "all", balanced -> "head+sink:5", fast -> "none")
+    repair:   survivor repair after an edit that changes survivors' antecedents: "none" | "sink:N" |
+              "head+sink:N" | "all" | a RepairRule (overrides ``fidelity``; ignored with removal_patches=True)
     """
 
     def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
                  prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *, patch_layers=None,
                  svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
-                 orbit_samples: int = 24, cascade: str = "plan", form: str = "eager", basis=None):
+                 orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy", basis=None,
+                 fidelity: str = "balanced", repair: Union[str, "RepairRule", None] = None):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -139,6 +212,12 @@ class Window:
         if form not in ("eager", "lazy"):
             raise WindowkitError(f"form must be 'eager' or 'lazy', got {form!r}")
         self.form = form
+        if fidelity not in FIDELITY:
+            raise WindowkitError(f"fidelity must be one of {', '.join(FIDELITY)}, got {fidelity!r}")
+        self.fidelity = fidelity
+        self.repair = RepairRule.parse(FIDELITY[fidelity] if repair is None else repair)
+        self._repair_pending: Optional[int] = None  # assign batches its evictions' repairs into one
+        self._repair_batching = False
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
         self.graph = DependencyGraph(cost_model=self.cost_model)
         self.last_cascade: Optional[Cascade] = None
@@ -211,7 +290,10 @@ class Window:
             raise WindowkitError(f"chunk {chunk.id!r} is already in the window")
         self._known[chunk.id] = chunk
         self._evicted.pop(chunk.id, None)
-        return self._insert(chunk, at)
+        cid = self._insert(chunk, at)
+        if self.mode == "patch" and at is not None:
+            self._repair(self._index(cid) + 1)  # chunks behind a middle insert have a new antecedent
+        return cid
 
     def evict(self, which: Where = "head") -> str:
         """Remove a chunk: "head", "tail" or an id. O(1) at either end; survivors only relocate.
@@ -243,6 +325,7 @@ class Window:
                 self._recondition_survivors(idx)
             else:
                 self._refresh_known(idx)
+                self._repair(idx)  # before the next admit: a chunk admitted next sees repaired survivors
         return e.id
 
     def recall(self, chunk_id: str, at: Optional[int] = None) -> str:
@@ -257,6 +340,7 @@ class Window:
         self.last_cascade = self.graph.on_recall(cid, self.ids)
         if self.mode == "patch":
             self._refresh_known(self._index(cid) + 1)
+            self._repair(self._index(cid) + 1)
             if self.cascade == "apply":
                 # the cascade (patches formed on the recalled chunk, transitively) plus chunks behind it whose
                 # context became a strict superset of the one they were formed on (App. D: rebuild)
@@ -316,18 +400,26 @@ class Window:
                                  "give new content a new id")
         edits: list[tuple[str, str]] = []
         want = set(want_ids)
-        for cid in [i for i in self.ids if i not in want]:
-            edits.append(("evict", self.evict(cid)))
-        survivors = [i for i in want_ids if i in self]  # wanted relative order
-        current = {cid: k for k, cid in enumerate(self.ids)}
-        keep = set(_longest_increasing([current[i] for i in survivors], survivors))
-        movers = [i for i in survivors if i not in keep]
-        if movers and len(movers) * 2 > len(survivors):
-            self.reorder(survivors)
-            edits.append(("reorder", ",".join(survivors)))
-            movers = []
-        for cid in movers:
-            edits.append(("evict", self.evict(cid)))
+        # the evictions' survivor repairs run once, after the last eviction and before any insert
+        self._repair_batching, self._repair_pending = True, None
+        try:
+            for cid in [i for i in self.ids if i not in want]:
+                edits.append(("evict", self.evict(cid)))
+            survivors = [i for i in want_ids if i in self]  # wanted relative order
+            current = {cid: k for k, cid in enumerate(self.ids)}
+            keep = set(_longest_increasing([current[i] for i in survivors], survivors))
+            movers = [i for i in survivors if i not in keep]
+            if movers and len(movers) * 2 > len(survivors):
+                self.reorder(survivors)
+                edits.append(("reorder", ",".join(survivors)))
+                movers = []
+            for cid in movers:
+                edits.append(("evict", self.evict(cid)))
+        finally:
+            self._repair_batching, first = False, self._repair_pending
+            self._repair_pending = None
+        if first is not None:
+            self._repair(first)
         for idx, c in enumerate(wanted):
             if c.id in self:
                 continue
@@ -466,6 +558,37 @@ class Window:
         self._version += 1
         return done
 
+    def prefetch(self) -> dict:
+        """Off the critical path (between steps): form what deferred forming skipped, for the live chunks.
+
+        Every live chunk gets its canonical in the store (a chunk exactly conditioned at the head with no
+        prefix *is* its canonical: stored without a forward; others: one encode each), and every chunk whose
+        KV is exactly conditioned on its current antecedents gets the patch for that context (an SVD, no
+        forward). A later recall or move into a context seen here then costs zero forwards. Returns
+        ``{"encodes": .., "patch_forms": ..}`` done by this call.
+
+            win.assign(chunks); logits = win.forward(q)   # the step
+            win.prefetch()                                 # idle time: canonicals + patches
+        """
+        e0, f0 = self.stats.encodes, self.stats.patch_forms
+        if self.mode == "exact":
+            return {"encodes": 0, "patch_forms": 0}
+        ids, starts = self.ids, self.starts()
+        for i, e in enumerate(self._entries):
+            ante = tuple(ids[:i])
+            exact = self.mode == "patch" and e.ante == ante and e.kv is not None
+            if not self.store.has_canonical(e.key):
+                if exact and not ante and self.prefix is None:
+                    kv0 = e.kv if e.kv_start == 0 or not self._needs_past else e.kv.relocate(-e.kv_start, self.backend.rope)
+                    self.store.put_canonical(e.key, kv0, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+                else:
+                    self._canonical(e)
+            if exact and ante:
+                ctx = self._ctx(ante)
+                if not self.store.has_patch(e.key, ctx):
+                    self._form_fresh(e, e.kv, e.kv_start, ctx)
+        return {"encodes": self.stats.encodes - e0, "patch_forms": self.stats.patch_forms - f0}
+
     def is_disposable(self, chunk_id: str, query_ids: Union[Sequence[int], torch.Tensor]) -> bool:
         """Appendix E's test: drop the chunk's conditioning (use its relocated canonical) and check whether
         the next-token decision for ``query_ids`` is unchanged. True: its conditioning is not load-bearing
@@ -596,17 +719,7 @@ class Window:
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
-            canon = self._canonical(e)
-            meta = {"kind": "fresh", "context": ctx}
-            if self.basis is None:
-                p = form_patch(res.kv, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
-                               method=self.svd, meta=meta)
-            else:
-                d = deficit(res.kv, canon, start, self.backend.rope)
-                self.basis.observe(d)  # coordinated update: live basis-backed patches are rotated
-                p = self.basis.strip(self.basis.encode(d, self.rank, meta=meta, register=False))
-            self.stats.patch_forms += 1
-            self.store.put_patch(e.key, ctx, p)  # basis-backed: coefficients only (S·m per layer-slot)
+            self._form_fresh(e, res.kv, start, ctx)
             e.kv, e.kv_start = res.kv, start
         e.ctx, e.ante = ctx, ante
         if ante:
@@ -614,6 +727,20 @@ class Window:
         else:
             self.graph.add_chunk(e.id, len(e.chunk))
             self.graph.set_current(e.id, None)
+
+    def _form_fresh(self, e: _Entry, cond: ChunkKV, start: int, ctx: str) -> None:
+        """Form and store the patch of ``e`` for context ``ctx`` from its conditioned KV ``cond`` at ``start``."""
+        canon = self._canonical(e)
+        meta = {"kind": "fresh", "context": ctx}
+        if self.basis is None:
+            p = form_patch(cond, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
+                           method=self.svd, meta=meta)
+        else:
+            d = deficit(cond, canon, start, self.backend.rope)
+            self.basis.observe(d)  # coordinated update: live basis-backed patches are rotated
+            p = self.basis.strip(self.basis.encode(d, self.rank, meta=meta, register=False))
+        self.stats.patch_forms += 1
+        self.store.put_patch(e.key, ctx, p)  # basis-backed: coefficients only (S·m per layer-slot)
 
     def _condition_orbit(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
         if not ante:  # only the prefix (or nothing) in front: one ordering, the ordinary fresh patch
@@ -696,6 +823,76 @@ class Window:
             e.ctx = self._ctx(e.ante)
             if e.ante:
                 self.graph.add_patch(e.id, e.ctx, e.ante, "removal", p.nbytes, n)
+
+    def _repair(self, first: int) -> None:
+        """Survivor repair (``self.repair``) for the stale survivors from index ``first`` on.
+
+        Stale: a survivor whose KV was formed on other antecedents than it has now (``_refresh_known`` has
+        already given the free exact ones theirs). The rule picks the first tokens of each; ONE selective
+        recompute (``backend.recompute``: chosen tokens at their own positions, attending to the stale KV of
+        the rest and causally to each other) writes their fresh KV back. A survivor recomputed wholly is
+        exactly conditioned on its new context from then on; a partly repaired one stays listed by ``plan()``.
+        A backend that cannot recompute selectively (MLA, M-RoPE) re-conditions every chunk from the first
+        stale one with one forward instead (``stats.fallbacks``).
+        """
+        if self.mode != "patch" or self.removal_patches or self.repair.is_none:
+            return
+        if self._repair_batching:  # assign: one repair after its last eviction
+            self._repair_pending = first if self._repair_pending is None else min(self._repair_pending, first)
+            return
+        entries = list(self._entries)
+        n = len(entries)
+        if first >= n:
+            return
+        ids = [x.id for x in entries]
+        stale = [i for i in range(first, n) if len(entries[i].ante) != i or entries[i].ante != tuple(ids[:i])]
+        if not stale:
+            return
+        counts = self.repair.counts([len(entries[i].chunk) for i in stale])
+        pairs = [(i, k) for i, k in zip(stale, counts) if k > 0]
+        if not pairs:
+            return
+        starts = self.starts()
+        if not getattr(self.backend, "supports_recompute", False):
+            f = stale[0]
+            res = self._run([x.chunk for x in entries[f:]], starts[f], self._kv_upto(f))
+            self.stats.fallbacks += 1
+            self.stats.repaired_tokens += sum(res.token_counts)
+            off = 0
+            for i in range(f, n):
+                e, m = entries[i], len(entries[i].chunk)
+                self._set_exact(e, res.kv.slice(off, off + m), starts[i], tuple(ids[:i]))
+                off += m
+            return
+        last = pairs[-1][0]
+        full = {i for i, k in pairs if k == len(entries[i].chunk)}
+        parts = [self._prefix_kv] if self._prefix_kv is not None else []
+        for j in range(last + 1):  # the window up to the last repaired chunk (a wholly recomputed one is masked)
+            parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
+        past = concat(parts) if (self._needs_past and parts) else None
+        total = sum(k for _, k in pairs)
+        res = self.backend.recompute(past, [entries[i].chunk for i, _ in pairs], [starts[i] for i, _ in pairs],
+                                     [torch.arange(k) for _, k in pairs])
+        self.stats.forwards += 1
+        self.stats.prefill_tokens += total
+        self.stats.repaired_tokens += total
+        for (i, k), new in zip(pairs, res):
+            e = entries[i]
+            if i in full:
+                self._set_exact(e, new if self._needs_past else e.kv, starts[i], tuple(ids[:i]))
+            elif self._needs_past:  # the first k tokens fresh, the rest stale (e.kv already sits at starts[i])
+                e.kv = ChunkKV([(torch.cat([a, x[:, k:]], 1), torch.cat([b, y[:, k:]], 1))
+                                for (a, b), (x, y) in zip(new.layers, e.kv.layers)], e.kv.layout, e.kv.positions)
+
+    def _set_exact(self, e: _Entry, kv: Optional[ChunkKV], start: int, ante: tuple[str, ...]) -> None:
+        """``e`` now holds KV exactly conditioned on ``ante`` at ``start``."""
+        e.kv, e.kv_start = kv, start
+        e.ante, e.ctx = ante, self._ctx(ante)
+        if ante:
+            self.graph.add_patch(e.id, e.ctx, ante, "fresh", 0, len(e.chunk))
+        else:
+            self.graph.add_chunk(e.id, len(e.chunk))
+            self.graph.set_current(e.id, None)
 
     def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
         if not self._needs_past:
@@ -785,4 +982,4 @@ def _longest_increasing(keys: Sequence[int], items: Sequence[str]) -> list[str]:
     return out[::-1]
 
 
-__all__ = ["Window", "WindowStats", "Edit", "Mode"]
+__all__ = ["Window", "WindowStats", "Edit", "Mode", "RepairRule", "FIDELITY"]

@@ -1,0 +1,211 @@
+"""Seeded synthetic text tasks for the real-weights benchmark (``windowkit bench real``) and the text agent.
+
+Every document is a few filler sentences (no numbers) with one fact sentence at a random place; every
+question asks for one number, so an answer is scored by the first number in a short greedy decode.
+
+    rng = random.Random(0)
+    item = retrieval_item(rng, k=5)          # Item(docs=[...], question=..., answer="305", facts=...)
+    item = two_doc_item(rng, k=4)            # the answer needs a fact from each of two documents
+    log = stream_log(rng, n_chunks=14)       # a long log in chunks + look-back questions per step
+
+Templates (written for windowkit, public domain): people in hotel rooms, shipments in warehouses, lab samples
+in batches, employees in city offices (two-document: person -> city, city office -> room).
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+FIRST = ["Maria", "Jonas", "Priya", "Tomas", "Ada", "Elias", "Nora", "Omar", "Lena", "Victor", "Ines", "Hugo",
+         "Clara", "Felix", "Yara", "Bruno", "Sofia", "Karl", "Mina", "Pavel", "Rosa", "Anton", "Leila", "Marco"]
+LAST = ["Okafor", "Berg", "Nair", "Weller", "Moreno", "Brand", "Lindqvist", "Haddad", "Novak", "Sato", "Costa",
+        "Fischer", "Duarte", "Kowalski", "Ibsen", "Reyes", "Tanaka", "Moretti", "Adler", "Silva"]
+CITIES = ["Valdera", "Norhaven", "Brightwater", "Kestrel Bay", "Marlow", "Ostend", "Pinecrest", "Ravenna",
+          "Solbury", "Thornfield", "Umberton", "Westmoor", "Ashford", "Corvale", "Dunmore", "Elmstead"]
+GOODS = ["dried figs", "olive oil", "copper wire", "wool blankets", "glass jars", "rice", "tea", "paper"]
+
+FILLER = [
+    "The morning was cold and the streets were quiet.",
+    "A light rain fell over the harbour for most of the day.",
+    "The staff changed shifts before lunch, as they always do.",
+    "Someone had left a bicycle leaning against the front gate.",
+    "The old clock in the hall was running a little slow.",
+    "A delivery van waited outside while the driver drank his coffee.",
+    "The manager wrote a short note about the weather in the daily log.",
+    "Two cats slept on the warm stones near the kitchen door.",
+    "The corridor smelled of fresh paint and floor polish.",
+    "In the afternoon the wind turned and blew in from the sea.",
+    "A radio was playing softly somewhere upstairs.",
+    "The windows on the east side were cleaned before noon.",
+    "Visitors asked for directions to the market and the station.",
+    "The lights in the courtyard came on early that evening.",
+    "A small group of tourists took photographs of the bridge.",
+    "The baker on the corner sold out of bread by ten.",
+    "The printer in the office jammed twice and was fixed again.",
+    "Nobody noticed the pigeons nesting under the roof.",
+    "The lift was slow, so most people took the stairs.",
+    "A gardener trimmed the hedges along the main path.",
+]
+
+SYSTEM = "You are a careful assistant. Answer questions about the documents with the number only."
+
+
+@dataclass
+class Fact:
+    kind: str  # "room" | "warehouse" | "batch" | "works" | "office"
+    sentence: str
+    question: str = ""
+    answer: str = ""
+    key: str = ""  # what the fact is about (a name, a code, a city)
+    lead: str = ""  # the start of the assistant's answer, just before the number
+
+
+@dataclass
+class Item:
+    """One question over ``docs`` (texts, window order); ``answer`` is the number the question asks for."""
+
+    docs: list[str]
+    question: str
+    answer: str
+    task: str
+    lead: str = ""  # the start of the assistant's answer (the query ends with it)
+    fact_docs: list[int] = field(default_factory=list)  # which docs hold the facts the answer needs
+    extra: list[str] = field(default_factory=list)  # spare documents (admitted by a history's edit)
+
+
+def _name(rng: random.Random, used: set) -> str:
+    while True:
+        n = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+        if n not in used:
+            used.add(n)
+            return n
+
+
+def _number(rng: random.Random, lo: int, hi: int, used: set) -> str:
+    while True:
+        v = str(rng.randint(lo, hi))
+        if v not in used:
+            used.add(v)
+            return v
+
+
+def make_fact(rng: random.Random, used: set, kinds: tuple = ("room", "warehouse", "batch")) -> Fact:
+    """One single-document fact with its question (room, warehouse or batch)."""
+    kind = rng.choice(list(kinds))
+    if kind == "room":
+        name, v = _name(rng, used), _number(rng, 101, 499, used)
+        return Fact(kind, f"{name} checked in and was given room {v}.", f"What is {name}'s room number?", v, name,
+                    f"{name}'s room number is")
+    if kind == "warehouse":
+        code, v = _number(rng, 1000, 9999, used), _number(rng, 2, 60, used)
+        good = rng.choice(GOODS)
+        return Fact(kind, f"Shipment {code} of {good} was stored in warehouse {v}.",
+                    f"Which warehouse was shipment {code} stored in?", v, code,
+                    f"Shipment {code} was stored in warehouse")
+    sample = f"{rng.choice('ABCDEFGH')}-{_number(rng, 10, 99, used)}"
+    v = _number(rng, 100, 999, used)
+    return Fact(kind, f"Sample {sample} was assigned to batch {v}.", f"Which batch was sample {sample} assigned to?",
+                v, sample, f"Sample {sample} was assigned to batch")
+
+
+def document(rng: random.Random, fact: Optional[str], n_filler: int) -> str:
+    """``n_filler`` filler sentences with ``fact`` (if any) at a random place."""
+    sents = rng.sample(FILLER, n_filler)
+    if fact is not None:
+        sents.insert(rng.randint(0, len(sents)), fact)
+    return " ".join(sents)
+
+
+def retrieval_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1) -> Item:
+    """One fact in one of ``k`` documents (the others hold distractor facts of other kinds or none)."""
+    used: set = set()
+    facts = [make_fact(rng, used) for _ in range(k + extra)]
+    docs = [document(rng, f.sentence, n_filler) for f in facts]
+    target = rng.randrange(k)
+    return Item(docs[:k], facts[target].question, facts[target].answer, "retrieval", facts[target].lead, [target],
+                docs[k:])
+
+
+def two_doc_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1) -> Item:
+    """"X works in the office in city C" (one doc) + "the office in C is in room R" (another) -> room of X.
+    One other document names the room of another city's office (a distractor); the rest hold shipment and
+    sample facts. The assistant's answer starts with "X works in the office in" (it names the city first)."""
+    used: set = set()
+    cities = rng.sample(CITIES, 2)
+    name = _name(rng, used)
+    room = _number(rng, 101, 499, used)
+    other_room = _number(rng, 101, 499, used)
+    f_work = f"{name} works in the office in {cities[0]}."
+    f_room = f"The office in {cities[0]} is in room {room}."
+    distract = [f"The office in {cities[1]} is in room {other_room}."]
+    pool = [make_fact(rng, used, ("warehouse", "batch")).sentence for _ in range(k + extra)]
+    sents = [f_work, f_room] + distract + pool
+    order = list(range(k))
+    rng.shuffle(order)
+    docs: list[Optional[str]] = [None] * (k + extra)
+    docs[order[0]], docs[order[1]] = document(rng, f_work, n_filler), document(rng, f_room, n_filler)
+    rest = distract + pool
+    j = 0
+    for i in range(k + extra):
+        if docs[i] is None:
+            docs[i] = document(rng, rest[j], n_filler)
+            j += 1
+    q = f"{name} works in an office. What is the room number of that office?"
+    del sents
+    return Item([d for d in docs[:k]], q, room, "two-doc", f"{name} works in the office in", sorted(order[:2]),
+                [d for d in docs[k:]])
+
+
+@dataclass
+class StreamStep:
+    """One step of the sliding stream: the chunk indices the window holds and the question asked."""
+
+    index: int
+    kind: str  # "slide" | "look-back"
+    chunks: list[int]
+    question: str
+    answer: str
+    target: int  # chunk holding the fact asked
+    lead: str = ""
+
+
+def stream_log(rng: random.Random, n_chunks: int, n_filler: int = 4) -> tuple[list[str], list[Fact]]:
+    """A long log: ``n_chunks`` entries, each a document with one fact."""
+    used: set = set()
+    facts = [make_fact(rng, used) for _ in range(n_chunks)]
+    return [document(rng, f.sentence, n_filler) for f in facts], facts
+
+
+def stream_plan(rng: random.Random, facts: list[Fact], k: int, steps: int, lookback_every: int = 3,
+                reach: int = 2) -> list[StreamStep]:
+    """Slide a ``k``-chunk window one chunk per step (step s ends at chunk s + k - 1); every
+    ``lookback_every``-th step recalls an evicted chunk (``reach`` chunks before the window) to the tail and asks
+    about it; other steps ask about a random chunk in the window."""
+    plan = []
+    for s in range(steps):
+        last = s + k - 1
+        window = list(range(last - k + 1, last + 1))
+        if s > 0 and s % lookback_every == 0 and window[0] - reach >= 0:
+            old = window[0] - reach
+            window = window[1:] + [old]  # the oldest is dropped for the recalled one, which comes to the tail
+            target, kind = old, "look-back"
+        else:
+            target, kind = rng.choice(window), "slide"
+        plan.append(StreamStep(s, kind, window, facts[target].question, facts[target].answer, target,
+                               facts[target].lead))
+    return plan
+
+
+_NUM = re.compile(r"\d+")
+
+
+def first_number(text: str) -> Optional[str]:
+    """The first run of digits in ``text`` (None if there is none)."""
+    m = _NUM.search(text)
+    return m.group(0) if m else None
+
+
+__all__ = ["Item", "Fact", "StreamStep", "SYSTEM", "make_fact", "document", "retrieval_item", "two_doc_item",
+           "stream_log", "stream_plan", "first_number"]
