@@ -242,10 +242,17 @@ def test_recorded_trace_is_the_reported_windows(run, trace_path):
     assert trace.steps[8].ids == ["frame-2", "frame-3", "frame-4", "frame-8", "question"]  # the look-back
     # the simulator replays it; full recompute prefills every window plus the prompt, every step:
     # steps 0-2 hold 1, 2, 3 frames, steps 3-8 hold 3 frames except the look-back (4): 6*frames + 6 + 2 each
-    res = simulate(trace, "cpu-tiny", strategies=["recompute", "radix", "windowkit"])
+    res = simulate(trace, "cpu-tiny", strategies=["recompute", "radix", "windowkit", "windowkit-fast-fidelity",
+                                                  "windowkit-exact-fidelity"])
     n_frames = [1, 2, 3, 3, 3, 3, 3, 3, 4]
     assert res.totals("recompute")["prefill_tokens"] == sum(6 * n + 6 + 2 for n in n_frames) == 222
-    assert res.totals("windowkit")["prefill_tokens"] < res.totals("recompute")["prefill_tokens"]
+    # keep-as-is prefills less than recompute; the default repair recomputes the first 5 tokens of every stale
+    # survivor and the whole first one: with 6-token frames that is nearly every survivor token, so on this
+    # toy trace the default costs about as much as recompute (more with the question re-repaired after each
+    # insert in front of it), between keep-as-is and full repair
+    tok = {s: res.totals(s)["prefill_tokens"] for s in res.strategies}
+    assert tok["windowkit-fast-fidelity"] < tok["recompute"]
+    assert tok["windowkit-fast-fidelity"] < tok["windowkit"] <= tok["windowkit-exact-fidelity"]
     assert res.summary()["steps"] == 9 and "windowkit/radix" in res.summary()["ratios"]
 
 

@@ -25,16 +25,20 @@ def model():
     return load_model("binding")
 
 
-def _run(model, refresh=None):
+def _run(model, refresh=None, repair="none"):
+    from windowkit.window import RepairRule
+
     frames, ask, prefix = binding_video(N, seed=SEED)
     agent = LongVideoAgent(model, window=3, prefix=prefix, blind=True, max_new_tokens=1, refresh=refresh)
+    if repair is not None:  # None: the Window's default fidelity ("balanced")
+        agent.win.repair = RepairRule.parse(repair)
     plan = make_plan(N, 3, N, [13], lookback=BINDING_LOOKBACK)  # step 13 holds frames 2, 3, 13
     return agent, plan, agent.run(frames, plan, ask=ask)
 
 
 @pytest.fixture(scope="module")
 def run(model):
-    return _run(model)  # the Window's default: survivors keep the conditioning they were formed with
+    return _run(model)  # repair "none" (fidelity="fast"): survivors keep the conditioning they were formed with
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +92,20 @@ def test_windowkit_answers_like_exact_and_blind_does_not(refreshed):
     # and blind reuse costs answers: a multi-hop step exact (and windowkit) gets right and blind gets wrong
     assert any(r.question_kind == "multi_hop" and r.exact_correct and not r.blind_correct for r in rows)
     assert not any(r.question_kind == "single_hop" and r.exact_correct != r.blind_correct for r in rows)
+
+
+@pytest.fixture(scope="module")
+def repaired(model):
+    return _run(model, repair=None)  # the Window's default survivor repair
+
+
+def test_default_repair_falls_back_to_full_recondition_on_m_rope(repaired):
+    """Qwen2.5-VL (M-RoPE) has no exact selective recompute: the default repair re-conditions the stale
+    survivors with one forward instead (counted in stats.fallbacks), so no step drifts from exact."""
+    agent, _, report = repaired
+    assert agent.win.stats.fallbacks > 0 and agent.win.stats.repaired_tokens > 0
+    assert max(r.kl for r in report.steps) < 1e-3
+    assert [r.correct for r in report.steps] == [r.exact_correct for r in report.steps]
 
 
 def test_stale_survivors_drift_until_refreshed(run, refreshed):

@@ -242,8 +242,11 @@ class WindowOracles(RuleBasedStateMachine):
         old_ids = [c.id for c in old]
         r4 = self.wins["r4"]
         moved = []  # (chunk, patch stored for exactly its new context before the reorder, orbit key)
+        # a keep-as-is chunk holds the conditioning of the context it was formed on, which a reorder can bring
+        # back (then it only relocates): check r4 only when no chunk is stale, i.e. formed on its current context
+        fresh_r4 = not [e for e in r4.plan() if e.op == "refresh-patch"]
         for i, c in enumerate(self.contents):
-            if i and ids[:i] != old_ids[:old_ids.index(c.id)]:
+            if fresh_r4 and i and ids[:i] != old_ids[:old_ids.index(c.id)]:
                 key, ctx, octx = self._keys(c, self.contents[:i])
                 moved.append((c, r4.store.get_patch(key, ctx), key, octx))
         for w in self.wins.values():

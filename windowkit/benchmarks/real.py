@@ -624,6 +624,30 @@ def markdown(summary: dict, pooled: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def matrix(summary: dict, metric: str, fmt: str = "{:.4f}") -> str:
+    """One markdown table: strategies (rows) x task/history (columns) of one summary metric."""
+    cols = [(t, h) for t, hs in summary.items() for h in hs if h != "all"]
+    names = list(summary[cols[0][0]][cols[0][1]]) if cols else []
+    lines = ["| strategy | " + " | ".join(f"{t} {h}" for t, h in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for s in names:
+        cells = [fmt.format(summary[t][h][s][metric]) if s in summary[t][h] else "-" for t, h in cols]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compact(res: dict) -> str:
+    """The docs' view: exact accuracy, the pooled table, and KL / agreement / cost share per task x history."""
+    md = markdown(res["summary"], res["pooled"], res["meta"])
+    head = md.split("\n### ")[0] + "\n### " + md.split("\n### ")[1]
+    s = res["summary"]
+    return (head + "\n\n### Mean next-token KL vs exact, per task x history\n\n" + matrix(s, "kl_mean")
+            + "\n\n### Greedy answer agrees with exact (fraction of items)\n\n" + matrix(s, "agree", "{:.2f}")
+            + "\n\n### Accuracy (fraction right)\n\n" + matrix(s, "accuracy", "{:.2f}")
+            + "\n\n### Prefill tokens on the critical path / prefix cache's\n\n"
+            + matrix(s, "cost_share_vs_prefix_cache", "{:.2f}")
+            + "\n\n### Wall seconds per step (shared 2-core VM)\n\n" + matrix(s, "seconds", "{:.2f}") + "\n")
+
+
 def pareto_plot(pooled: dict, path: str) -> None:
     """Cost share vs prefix cache (x) against mean KL vs exact (y), one point per strategy."""
     import matplotlib

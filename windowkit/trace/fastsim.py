@@ -5,7 +5,8 @@ few thousand steps per minute on a 64-chunk window. ``WindowkitFast`` keeps only
 (chunk ids, token counts, start positions, the antecedents each chunk's KV was formed on, which canonicals
 and patches the store holds) and replays what the Window does with them, so every ``StepCost`` field is
 equal to the real strategy's, step by step (``tests/test_fastsim.py`` checks that on every generator,
-VideoTree and random traces, for mode patch / blind / exact, form eager / lazy, with and without a budget).
+VideoTree and random traces, for mode patch / blind / exact, form eager / lazy, every repair rule kind, with and
+without a budget).
 
     from windowkit.trace import simulate, sliding_window
     from windowkit.trace.fastsim import WindowkitFast
@@ -28,7 +29,13 @@ What is modeled, read off ``windowkit/window/window.py`` (no prefix, ``removal_p
   materialize, which re-prefills the whole window once per window version.
 - evict (patch mode) refreshes the survivors behind the gap with whatever exact conditioning is free: the new
   head gets its canonical placed at 0 (lazy: only if one is stored), a survivor whose new context has a stored
-  patch gets it; every other survivor keeps its KV as-is (it only relocates).
+  patch gets it; every other survivor keeps its KV as-is (it only relocates) until the repair rule runs.
+- survivor repair (``repair=`` / ``fidelity=``, patch mode): stale survivors (KV formed on other antecedents than
+  they have now) from the edit's index on get the rule's first tokens recomputed in one forward, booked as
+  prefill (``prefill_ms`` of their count; no vision, no encode_ms); the window up to the last repaired chunk is
+  relocated first (net, like materialize), except chunks recomputed wholly, which are fresh at their start and
+  take their new antecedents. ``assign`` runs one repair after its evictions (before any insert) and one after
+  its inserts.
 - reorder (patch mode): each chunk whose antecedents changed fetches or encodes its canonical, then takes the
   patch stored for its exact new context, else the orbit patch of its antecedent set, else forms one from a
   forward of every sampled ordering (K! orderings for K <= 4 antecedents, else 24) and stores it.
@@ -295,13 +302,17 @@ class WindowkitFast(Strategy):
         if self.pending is not None:
             self._repair(self.pending)
         if self.ids != want:  # (equal: nothing to do, the common unchanged step)
+            self.batching, self.pending = True, None  # the inserts' repair: once, after the last insert
             if tail_only:
                 for idx in range(len(self.ids), len(want)):
                     self._insert_wanted(ctx[idx], idx)
-                return
-            # in wanted order, every earlier wanted id is already in place: insert at the wanted index
-            for idx in list(compress(range(len(want)), map(not_, map(self.live.__contains__, want)))):
-                self._insert_wanted(ctx[idx], idx)
+            else:
+                # in wanted order, every earlier wanted id is already in place: insert at the wanted index
+                for idx in list(compress(range(len(want)), map(not_, map(self.live.__contains__, want)))):
+                    self._insert_wanted(ctx[idx], idx)
+            self.batching = False
+            if self.pending is not None:
+                self._repair(self.pending)
 
     def _insert_wanted(self, x: ChunkRef, idx: int) -> None:
         """Recall a known id, or admit a new one (its size and kind as first seen), at index ``idx``."""

@@ -2,8 +2,8 @@
 
     win = Window(backend, rank=32, mode="patch")
     a = win.admit(Chunk.text(ids_a)); b = win.admit(Chunk.text(ids_b))
-    win.evict("head")                 # survivors only relocate (keep-as-is)
-    win.recall(a)                     # fresh patch on a's now-fixed earlier context
+    win.evict("head")                 # survivors relocate; the stale ones are repaired (fidelity="balanced")
+    win.recall(a)                     # a's conditioned prefill on its now-fixed earlier context
     logits = win.forward(query_ids)   # next-token logits after the window; the window is unchanged
 
 Modes
@@ -420,13 +420,22 @@ class Window:
             self._repair_pending = None
         if first is not None:
             self._repair(first)
-        for idx, c in enumerate(wanted):
-            if c.id in self:
-                continue
-            if c.id in self._known:
-                edits.append(("recall", self.recall(c.id, at=idx)))
-            else:
-                edits.append(("admit", self.admit(c, at=idx)))
+        # the inserts' repairs also run once, after the last insert (an insert is conditioned on the KV in front
+        # of it as it is then; the chunks behind the first insert are repaired together at the end)
+        self._repair_batching, self._repair_pending = True, None
+        try:
+            for idx, c in enumerate(wanted):
+                if c.id in self:
+                    continue
+                if c.id in self._known:
+                    edits.append(("recall", self.recall(c.id, at=idx)))
+                else:
+                    edits.append(("admit", self.admit(c, at=idx)))
+        finally:
+            self._repair_batching, first = False, self._repair_pending
+            self._repair_pending = None
+        if first is not None:
+            self._repair(first)
         return edits
 
     # ================================================================== reading the window
