@@ -185,7 +185,11 @@ def test_quickstart_python_runs(tmp_path, monkeypatch):
         exec(compile(code, f"quickstart.md block {i}", "exec"), ns)
     win = ns["win"]
     assert win.ids == [ns["b"], ns["a"]]  # a evicted from the head, recalled at the tail
-    assert win.stats.encodes == 2  # each chunk's canonical once; the recall re-encodes nothing
+    # lazy forming (the default): a's prefill at position 0 is its canonical; b keeps its conditioned prefill,
+    # is repaired wholly after the eviction (it is the first stale survivor), and a's recall is its conditioned
+    # prefill at the tail: one encode, and 64 + 64 + 64 + 64 prefilled tokens (the query's forward is not a window edit)
+    assert win.stats.encodes == 1
+    assert win.stats.repaired_tokens == 64 and win.stats.prefill_tokens == 4 * 64
     assert ns["logits"].shape[-1] == 128  # tiny-qwen2's vocabulary
     t = read_trace(tmp_path / "quickstart.jsonl")
     assert t.steps[0].ids == [ns["b"], ns["a"]] and t.steps[0].tokens == 128

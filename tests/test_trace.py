@@ -54,8 +54,9 @@ def test_inconsistent_chunk_across_steps(tmp_path):
         read_trace(tmp_path / "missing.jsonl")
 
 
-@pytest.mark.skipif(not os.path.exists(DEFAULT_PATH), reason="VideoTree trace not present")
 def test_videotree_importer():
+    assert os.path.exists(DEFAULT_PATH), (f"VideoTree trace missing at {DEFAULT_PATH}: set WINDOWKIT_VIDEOTREE "
+                                          "to the path of videotree_egoschema_depth_expansion.json")
     raw = json.load(open(DEFAULT_PATH))
     t = load_videotree(tokens_per_frame=64)
     eps = t.meta["episodes"]

@@ -503,13 +503,11 @@ def test_rank4_window_within_measured_bound(family, with_prefix):
     assert kls["patch"] * 10 < kls["blind"], kls
 
 
-@pytest.mark.xfail(strict=True, reason="windowkit bug: a patch formed over keep-as-is survivors is stored under "
-                   "the exact context's key and later served as exact (reported to the lead, 2026-12-03)")
 def test_patch_formed_on_a_stale_past_is_not_served_as_exact():
     """[x a b] -evict x-> [a b] (b keeps conditioning formed on x: keep-as-is) -admit c-> c's conditioned forward
-    runs over the stale b, and its patch is stored under the context (a, b). A second, admit-only full-rank
-    window [a b c] on the same store reuses it: it should equal re-prefill (as it does on a fresh store), but
-    measured KL 1.6e-3 (vs 1.5e-13 on a fresh store)."""
+    runs over the stale b. Its patch must not be stored under the context (a, b): a second, admit-only full-rank
+    window [a b c] on the same store equals re-prefill. (Before the fix it reused that patch: KL 1.6e-3, against
+    1.5e-13 on a fresh store.)"""
     be = backend("gqa")
     x, a, b, c = (_text(be, 8, 10 + i, n) for i, n in enumerate("xabc"))
     w1 = window(be, rank=None, form="eager")

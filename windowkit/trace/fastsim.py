@@ -381,7 +381,8 @@ class WindowkitFast(Strategy):
                 self._encode(cid)
             return 0, ()
         self._forward([cid], False)  # the conditioned forward, kept as the KV
-        if self.form == "eager":
+        ids, fa = self.ids, self.ante  # Window._exact_upto: a forward over stale survivors forms no patch
+        if self.form == "eager" and all(fa[j] == tuple(ids[:j]) for j in range(len(ante))):
             self._canonical(cid)
             self.forms += 1
             self._put_patch(("p", cid, ante), n, orbit=False)

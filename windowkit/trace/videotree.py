@@ -30,7 +30,20 @@ from typing import Optional, Union
 from windowkit.errors import TraceFormatError
 from windowkit.trace.schema import ChunkRef, Step, Trace
 
-DEFAULT_PATH = "/work/shared/data/traces/videotree_egoschema_depth_expansion.json"
+_NAME = "videotree_egoschema_depth_expansion.json"
+
+
+def _default_path() -> str:
+    """$WINDOWKIT_VIDEOTREE, else ``shared/data/traces`` beside the checkout, else the project's shared folder."""
+    env = os.environ.get("WINDOWKIT_VIDEOTREE")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    beside = os.path.normpath(os.path.join(here, "..", "..", "..", "shared", "data", "traces", _NAME))
+    return beside if os.path.exists(beside) else os.path.join("/work/shared/data/traces", _NAME)
+
+
+DEFAULT_PATH = _default_path()
 
 
 def _spread(items: list[int], k: int) -> list[int]:

@@ -728,7 +728,8 @@ class Window:
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
-            self._form_fresh(e, res.kv, start, ctx)
+            if self._exact_upto(idx):  # a forward over stale survivors is not KV(B|ante): never store it as one
+                self._form_fresh(e, res.kv, start, ctx)
             e.kv, e.kv_start = res.kv, start
         e.ctx, e.ante = ctx, ante
         if ante:
@@ -736,6 +737,12 @@ class Window:
         else:
             self.graph.add_chunk(e.id, len(e.chunk))
             self.graph.set_current(e.id, None)
+
+    def _exact_upto(self, idx: int) -> bool:
+        """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
+        (none kept as-is or partly repaired after an edit), so a forward over them is the exact conditioned KV."""
+        ids = self.ids
+        return all(x.ante == tuple(ids[:j]) for j, x in enumerate(list(self._entries)[:idx]))
 
     def _form_fresh(self, e: _Entry, cond: ChunkKV, start: int, ctx: str) -> None:
         """Form and store the patch of ``e`` for context ``ctx`` from its conditioned KV ``cond`` at ``start``."""

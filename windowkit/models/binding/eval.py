@@ -98,10 +98,11 @@ def item_predictions(backend: Any, item: task.Item, tag: str, strategies: Sequen
         elif s.startswith("rank"):
             rank = int(s[4:])
             store = ChunkStore(model_fingerprint=backend.fingerprint(), layout=backend.layout)
-            first = Window(backend, store=store, rank=rank, mode="patch", prefix=prefix)
+            # eager: the first window forms and stores a patch per frame (lazy forming would store none)
+            first = Window(backend, store=store, rank=rank, mode="patch", prefix=prefix, form="eager")
             for c in chunks:
                 first.admit(c)  # conditioned forward per frame; the patch is formed and stored
-            win = Window(backend, store=store, rank=rank, mode="patch", prefix=prefix)
+            win = Window(backend, store=store, rank=rank, mode="patch", prefix=prefix, form="eager")
             for c in chunks:
                 win.admit(c)  # stored canonical + stored patch: zero forwards
             if win.stats.patch_reuses != len(chunks):  # every frame must come from its stored patch
