@@ -39,9 +39,7 @@ def mla():
     return wk.HFBackend(build("tiny-deepseek-v3"))
 
 
-def text(be, n, seed, id):
-    g = torch.Generator().manual_seed(seed)
-    return wk.Chunk.text(torch.randint(10, be.vocab_size, (n,), generator=g), id=id)
+from model_helpers import text  # noqa: E402  (tests/model_helpers.py)
 
 
 def keep_as_is() -> dict:

@@ -29,18 +29,7 @@ def llama():
     return wk.HFBackend(build("tiny-llama"))
 
 
-def text(be, n, seed, id=None):
-    g = torch.Generator().manual_seed(seed)
-    return wk.Chunk.text(torch.randint(10, be.vocab_size, (n,), generator=g), id=id or f"c{seed}")
-
-
-def reference_logits(be, chunks, query, prefix=None):
-    """The model's own forward over [prefix · chunks · query]."""
-    parts = ([prefix.input_ids] if prefix is not None else []) + [c.input_ids for c in chunks] + [torch.as_tensor(query)]
-    ids = torch.cat(parts)
-    with torch.no_grad():
-        out = be.model(input_ids=ids[None], position_ids=torch.arange(len(ids))[None])
-    return out.logits[0, -1].float()
+from model_helpers import reference_logits, text  # noqa: E402,F401  (tests/model_helpers.py)
 
 
 def model_kv(be, ids):

@@ -219,6 +219,10 @@ class WindowOracles(RuleBasedStateMachine):
         at = where % (len(self.contents) + 1)
         key, ctx, _ = self._keys(c, self.contents[:at])
         before = self.wins["r4"].store.get_patch(key, ctx)  # the context recurs: the stored patch is applied
+        # a chunk in front kept as-is (plan() lists it as a refresh-patch edit): the recall's conditioned forward
+        # runs over stale KV, which is not KV(c | context), so nothing may be stored under that context
+        front = set(self.wins["r4"].ids[:at])
+        stale_front = any(e.op == "refresh-patch" and e.chunk_id in front for e in self.wins["r4"].plan())
         for m, w in self.wins.items():
             if m == "full" and c.id not in w.evicted_ids:  # rebuilt after an assign: never held this chunk
                 assert w.admit(c, at=None if at == len(self.contents) else at) == c.id
@@ -228,6 +232,8 @@ class WindowOracles(RuleBasedStateMachine):
         r4 = self.wins["r4"]
         if before is not None and before.num_tokens == len(c):
             self._check_applied(r4, c, before, "recall (stored patch)")
+        elif stale_front:
+            assert r4.store.get_patch(key, ctx) is None, f"recall of {c.id}: a patch formed over stale KV was stored"
         elif at > 0 or self.prefix is not None:  # a new context: one forward, its patch stored under it (eager)
             assert r4.store.get_patch(key, ctx) is not None, f"recall of {c.id}: no patch stored for its context"
         self._count()
@@ -441,12 +447,15 @@ def test_counted_forwards_and_patch_keys_by_hand():
     assert seen == [(1, 1, 0, 0), (3, 2, 1, 0), (5, 3, 2, 0)]
     w.evict("head")  # b: no antecedent left -> its canonical (stored: no forward); c: keep-as-is
     assert (w.stats.forwards, w.stats.patch_reuses) == (5, 0)
-    w.recall("a")  # behind (b, c): a context never seen: one conditioned forward, a patch; canonical stored
-    assert (w.stats.forwards, w.stats.encodes, w.stats.patch_forms) == (6, 3, 3)
-    for x, ante in ((b, [a]), (c, [a, b]), (a, [b, c])):
+    # behind (b, c): one conditioned forward, a's canonical already stored; c is kept as-is (stale), so that
+    # forward is not KV(a | b, c) and no patch is stored for the context (b, c)
+    w.recall("a")
+    assert (w.stats.forwards, w.stats.encodes, w.stats.patch_forms) == (6, 3, 2)
+    for x, ante in ((b, [a]), (c, [a, b])):
         p = _patch(w, x, ante)
         assert p is not None and p.num_tokens == len(x), (x.id, [y.id for y in ante])
     assert _patch(w, c, [b]) is None and _patch(w, b, []) is None  # nothing formed there
+    assert _patch(w, a, [b, c]) is None  # formed over the stale c: never stored as exact
     # the same contexts again, other ids for the same content: reused, zero forwards
     a2, b2, c2 = (wk.Chunk.text(x.input_ids, id=x.id + "'") for x in (a, b, c))
     w2 = window(be, store=w.store, rank=None, form="eager")
@@ -454,8 +463,8 @@ def test_counted_forwards_and_patch_keys_by_hand():
         w2.admit(x)
     assert (w2.stats.forwards, w2.stats.encodes, w2.stats.patch_forms, w2.stats.patch_reuses) == (0, 0, 0, 2)
     w2.evict("head")
-    w2.recall("a'")  # (a | b, c) was formed by w: reused
-    assert (w2.stats.forwards, w2.stats.patch_forms, w2.stats.patch_reuses) == (0, 0, 3)
+    w2.recall("a'")  # (a | b, c) was never stored: one conditioned forward, again over the stale c: no patch
+    assert (w2.stats.forwards, w2.stats.patch_forms, w2.stats.patch_reuses) == (1, 0, 2)
     # behind a prefix the contexts differ: nothing reused; the prefix is one forward of its own
     p = _text(be, 5, 599, "sys")
     w3 = window(be, store=w.store, rank=None, form="eager", prefix=p)

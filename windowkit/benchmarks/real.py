@@ -55,15 +55,7 @@ MAX_NEW = {"retrieval": 6, "two-doc": 20, "stream": 6}
 
 
 # ====================================================================== statistics
-def wilson(hits: int, n: int, z: float = 1.96) -> list:
-    """Wilson score interval [lo, hi] of hits/n (z=1.96: 95%)."""
-    if n == 0:
-        return [0.0, 1.0]
-    p = hits / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+from windowkit.kv.metrics import wilson  # noqa: E402  (one copy; re-exported here)
 
 
 # ====================================================================== text -> chunks

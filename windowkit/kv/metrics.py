@@ -1,6 +1,8 @@
 """Fidelity metrics: next-token KL to the re-prefill ceiling and eta (fraction of the blind gap closed)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -18,4 +20,15 @@ def eta(kl_blind: float, kl_arm: float) -> float:
     return 1.0 - kl_arm / kl_blind
 
 
-__all__ = ["kl_divergence", "eta"]
+__all__ = ["kl_divergence", "eta", "wilson"]
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> list:
+    """Wilson score interval [lo, hi] of a binomial proportion hits/n (z=1.96: 95%)."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = hits / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return [max(0.0, centre - half), min(1.0, centre + half)]

@@ -381,11 +381,12 @@ class WindowkitFast(Strategy):
                 self._encode(cid)
             return 0, ()
         self._forward([cid], False)  # the conditioned forward, kept as the KV
-        ids, fa = self.ids, self.ante  # Window._exact_upto: a forward over stale survivors forms no patch
-        if self.form == "eager" and all(fa[j] == tuple(ids[:j]) for j in range(len(ante))):
+        ids, fa = self.ids, self.ante
+        if self.form == "eager":
             self._canonical(cid)
-            self.forms += 1
-            self._put_patch(("p", cid, ante), n, orbit=False)
+            if all(fa[j] == tuple(ids[:j]) for j in range(len(ante))):  # Window._exact_upto: over stale survivors
+                self.forms += 1  # the forward is not KV(B|ante), so no patch is stored for that context
+                self._put_patch(("p", cid, ante), n, orbit=False)
         return start, ante
 
     def _condition_orbit(self, i: int, start: int, ante: tuple) -> None:

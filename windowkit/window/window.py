@@ -728,8 +728,10 @@ class Window:
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
-            if self._exact_upto(idx):  # a forward over stale survivors is not KV(B|ante): never store it as one
+            if self._exact_upto(idx):
                 self._form_fresh(e, res.kv, start, ctx)
+            else:  # a forward over stale survivors is not KV(B|ante): never store it as one (the canonical is exact)
+                self._canonical(e)
             e.kv, e.kv_start = res.kv, start
         e.ctx, e.ante = ctx, ante
         if ante:

@@ -35,15 +35,7 @@ STRATEGIES = ("reprefill", "blind", "rank4", "rank16", "rank64", "blend15")
 CHANCE = {k: 1.0 / len(v) for k, v in task.CANDIDATES.items()}
 
 
-def wilson(hits: int, n: int, z: float = 1.96) -> list:
-    """Wilson score interval [lo, hi] of a binomial proportion hits/n (z=1.96: 95%)."""
-    if n == 0:
-        return [0.0, 1.0]
-    p = hits / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+from windowkit.kv.metrics import wilson  # noqa: E402  (one copy; re-exported here)
 
 
 def _answer(logits: torch.Tensor, kind: str) -> int:
