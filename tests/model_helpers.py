@@ -1,9 +1,21 @@
 """Shared test helpers: random text chunks for a backend, and the model's own forward as ground truth."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import windowkit as wk
+from windowkit.backends.tiny import build
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return wk.HFBackend(build("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def mla():
+    return wk.HFBackend(build("tiny-deepseek-v3"))
 
 
 def text(be, n, seed, id=None):

@@ -29,14 +29,7 @@ EXPECTED = {"rank": 32, "mode": "patch", "form": "lazy", "cascade": "plan", "rem
             "store": None}
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return wk.HFBackend(build("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def mla():
-    return wk.HFBackend(build("tiny-deepseek-v3"))
+from model_helpers import llama, mla  # noqa: E402,F401  (module-scoped fixtures, tests/model_helpers.py)
 
 
 from model_helpers import text  # noqa: E402  (tests/model_helpers.py)

@@ -11,14 +11,7 @@ from windowkit.backends.tiny import build
 from windowkit.kv import kl_divergence
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return wk.HFBackend(build("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def mla():
-    return wk.HFBackend(build("tiny-deepseek-v3"))
+from model_helpers import llama, mla  # noqa: E402,F401  (module-scoped fixtures, tests/model_helpers.py)
 
 
 from model_helpers import reference_logits, text  # noqa: E402,F401  (tests/model_helpers.py)

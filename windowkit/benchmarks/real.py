@@ -449,8 +449,7 @@ def run_history(item: rt.Item, hist_name: str, tag: str, codec: TextCodec, backe
         if name == "exact":
             out = exact
         elif name == "prefix-cache":
-            per_tok = (exact.seconds - exact.answer.seconds) / max(exact.prefill_tokens, 1)
-            out = Outcome(exact.answer, pc, 1, per_tok * pc + exact.answer.seconds)  # modeled time
+            out = _prefix_cache_outcome(exact, pc)
         else:
             win = derive(base, backend, st.window)
             out = window_step(st, win, hist.ops, backend, query, max_new, codec, ref, memo)
@@ -458,6 +457,13 @@ def run_history(item: rt.Item, hist_name: str, tag: str, codec: TextCodec, backe
         row.update(prefix_cache_tokens=pc, exact_tokens=n_window + len(query))
         rows[name] = row
     return rows
+
+
+def _prefix_cache_outcome(exact: "Outcome", pc: int) -> "Outcome":
+    """A prefix cache answers as exact does; its time is modeled from exact's per-token prefill time for the
+    ``pc`` tokens it would prefill (plus exact's answer decode)."""
+    per_tok = (exact.seconds - exact.answer.seconds) / max(exact.prefill_tokens, 1)
+    return Outcome(exact.answer, pc, 1, per_tok * pc + exact.answer.seconds)
 
 
 def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedForwards,
@@ -492,8 +498,7 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
             if name == "exact":
                 o = exact
             elif name == "prefix-cache":
-                per_tok = (exact.seconds - exact.answer.seconds) / max(exact.prefill_tokens, 1)
-                o = Outcome(exact.answer, pc, 1, per_tok * pc + exact.answer.seconds)
+                o = _prefix_cache_outcome(exact, pc)
             else:
                 o = _assign_step(st, wins[name], want, backend, query, codec, ref, memo)
             row = score(o, exact.answer, codec, step.answer)
