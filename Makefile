@@ -17,9 +17,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
 
-# sglang 0.5.23 without its CUDA-only dependencies: the adapter's pool and RoPE tests run on CPU against it
-$(SG_STAMP): requirements-sglang.txt $(STAMP)
-	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-sglang.txt
+# sglang 0.5.23 without its CUDA-only dependencies: the adapter's pool and RoPE tests run on CPU against it, and
+# requirements-sglang-engine.txt lets its real Engine start on CPU (tests/test_sglang_live.py)
+$(SG_STAMP): requirements-sglang.txt requirements-sglang-engine.txt $(STAMP)
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-sglang.txt -r requirements-sglang-engine.txt
 	@touch $(SG_STAMP)
 
 # Mooncake Store (shared store tier): the wheel, plus the RDMA user-space libraries it links even for TCP.

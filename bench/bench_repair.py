@@ -224,6 +224,7 @@ def main(argv=None) -> int:
         print(md)
         Path(args.json_path).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
         Path(args.md).write_text(md + "\n")
+        write_front(results)
         return 0
     torch.set_num_threads(args.threads)
     from windowkit.backends.hf import load_model
@@ -245,7 +246,21 @@ def main(argv=None) -> int:
     Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_path).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     Path(args.md).write_text(md + "\n")
+    write_front(results)
     return 0
+
+
+def write_front(results, path: str = "windowkit/window/repair_front.json") -> None:
+    """The measured front the Window reads for ``fidelity=<KL target>`` (setting A: k=5 sliding window)."""
+    a = [r for r in results if r["setting"] == "A"]
+    if not a:
+        return
+    a = a[0]
+    front = {"source": f"bench/results/repair.json, setting A (SmolLM2-135M-Instruct, sliding window k={a['k']} x "
+                       f"~{a['chunk_tokens']} tokens, N={a['n']}, look-backs); written by bench/bench_repair.py",
+             "command": "PYTHONPATH=. .venv/bin/python bench/bench_repair.py",
+             "rules": {k: {"cost_share": v["cost_share"], "mean_kl": v["mean_kl"]} for k, v in a["rules"].items()}}
+    Path(path).write_text(json.dumps(front, indent=1))
 
 
 if __name__ == "__main__":

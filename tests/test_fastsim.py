@@ -63,19 +63,22 @@ def test_hand_trace_matches_hand_numbers():
 def test_hand_trace_default_lazy_balanced_by_hand():
     """The defaults (form="lazy", fidelity="balanced" = repair "head+sink:5") on the hand trace.
 
-    s0: A at the head: prefill 4 (its canonical, 1 encode) + vision 8; B behind A: conditioned forward 2 only;
-        query 1 -> 15.
-    s1: evict A: B (no canonical stored) is stale; the rule recomputes the whole first stale survivor: B's 2
-        tokens at 0 (prefill 2, no relocation: fresh at its start); C: conditioned 4 + vision 8; query 1 -> 15.
-    s2: A recalled at the head from its canonical (free); B and C are stale behind it: B wholly (first stale),
-        C's first 5 tokens = all 4 of it: one recompute of 6 tokens, nothing relocated, no binding risk -> 6.
+    s0: A and B are new: the edits (A's prefill 4 at the head, B's conditioned 2) tie with the prefix cache's
+        plan (prefill A B: 6), and a tie goes to the prefix plan: one forward of 6 + vision 8; A's KV at 0 is
+        its canonical, stored (1 encode, no extra forward); query 1 -> 15.
+    s1: [A B] -> [B C]: the edits (repair B wholly 2 + C's conditioned 4) tie with prefilling B C (6): one
+        forward of 6 + vision 8 (C is new); B at 0 is stored as its canonical (1 encode); query 1 -> 15.
+    s2: [B C] -> [A B C]: A recalled at the head from its canonical (free), B and C are stale behind it: B
+        wholly (first stale), C's first 5 tokens = all 4 of it: 6 tokens, cheaper than prefilling A B C (10):
+        the edits run; one recompute of 6, nothing relocated, no binding risk -> 6.
     """
     for s in (WindowkitFast(), WindowkitStrategy()):
         c = simulate(T, P, [s], progress=False).steps[s.name]
         assert [x.total_ms for x in c] == [15, 15, 6], s.name
         assert [x.prefill_tokens for x in c] == [7, 7, 6], s.name
         assert [(x.encodes, x.patch_forms, x.relocations, x.binding_risk) for x in c] == \
-            [(1, 0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0)], s.name
+            [(1, 0, 0, 0), (1, 0, 0, 0), (0, 0, 0, 0)], s.name
+        assert (s.win.stats.prefix_plans if hasattr(s, "win") else s.prefix_plans) == 2, s.name
 
 
 def test_zero_budget_store_reencodes_by_hand():

@@ -55,17 +55,18 @@ def test_blend(res):
 
 def test_windowkit(res):
     # the defaults: form="lazy" (deferred forming), fidelity="balanced" (repair "head+sink:5")
-    # s0: A at the head: prefill 4 (its canonical, 1 encode) + vision 8; B behind A: conditioned forward 2 only
-    #     (no canonical, no patch); query 1 -> 15
-    # s1: evict A: B is stale (formed on (A,)); the rule recomputes the whole first stale survivor: B's 2 tokens
-    #     at 0 (prefill 2; fresh at its start, nothing relocated); C: conditioned forward 4 + vision 8; query 1 -> 15
+    # s0: A and B new: the edits (A 4 + B 2) tie with the prefix cache's plan and a tie runs it (exact): one
+    #     forward of A B (6) + vision 8; A's KV at 0 is its canonical (1 encode, no extra forward); query 1 -> 15
+    # s1: [A B] -> [B C]: repairing B wholly (2) + C's conditioned 4 ties with prefilling B C: one forward of 6
+    #     + vision 8; B at 0 stored as its canonical (1 encode); query 1 -> 15
     # s2: recall A at the head (canonical from the store: free); B and C are stale behind it: B wholly (the first
     #     stale), C's first 5 tokens = all its 4: one recompute of 6 tokens, nothing relocated, no risk -> 6
     assert _ms(res, "windowkit") == [15, 15, 6]
     t = res.totals("windowkit")
-    assert (t["encodes"], t["patch_forms"], t["patch_applies"], t["relocations"]) == (1, 0, 0, 0)
+    assert (t["encodes"], t["patch_forms"], t["patch_applies"], t["relocations"]) == (2, 0, 0, 0)
     assert (t["prefill_tokens"], t["vision_encodes"], t["binding_risk"]) == (20, 2, 0)
-    assert t["bytes_peak"] == (4 + 10) * 100  # A's canonical + the live window; no patch stored
+    assert t["bytes_peak"] == (4 + 2 + 10) * 100  # A's and B's canonicals + the live window; no patch stored
+    assert res.steps["windowkit"][0].prefill_tokens == 7
     assert [c.encode_ms for c in res.steps["windowkit"]] == [0, 0, 0]
     s = res.summary()
     assert s["ratios"]["windowkit/radix"] == pytest.approx(36 / 34)

@@ -85,7 +85,7 @@ from windowkit.kv.patch import orderings
 from windowkit.trace.costs import CostProfile
 from windowkit.trace.schema import ChunkRef, Step
 from windowkit.trace.simulate import StepCost, Strategy
-from windowkit.window.window import FIDELITY, RepairRule, _longest_increasing
+from windowkit.window.plan import WindowView, choose_step, movers_of, repair_rule
 
 CANON_BYTES_PER_TOKEN = 16  # CostModelBackend's fake KV: 1 layer, K and V of [1 head, n, 2] float32
 PATCH_FEATURES = 2  # H*D of each slot of that layout: a patch keeps min(rank, tokens, 2) directions
@@ -204,7 +204,7 @@ class WindowkitFast(Strategy):
 
     def __init__(self, rank: Optional[int] = 32, mode: str = "patch", store_budget_bytes: Optional[int] = None,
                  vision_cache: bool = True, name: str = "windowkit-fast", form: str = "lazy",
-                 fidelity: str = "balanced", repair=None):
+                 fidelity: str = "balanced", repair=None, cap: bool = True):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -213,11 +213,12 @@ class WindowkitFast(Strategy):
             raise WindowkitError(f"form must be 'eager' or 'lazy', got {form!r}")
         if store_budget_bytes is not None and store_budget_bytes < 0:
             raise WindowkitError(f"budget_bytes must be >= 0 or None, got {store_budget_bytes}")
-        if fidelity not in FIDELITY:
-            raise WindowkitError(f"fidelity must be one of {', '.join(FIDELITY)}, got {fidelity!r}")
-        self.rule = RepairRule.parse(FIDELITY[fidelity] if repair is None else repair)
+        self.rule = repair_rule(fidelity, repair)
         self.rank, self.mode, self.form, self.budget = rank, mode, form, store_budget_bytes
         self.vision_cache, self.name = vision_cache, name
+        self.cap = bool(cap)
+        self.exact_budget = self.rule.full  # Window._exact_budget: no low-rank patch served, no orbit reorder
+        self.use_patches = not self.exact_budget or rank is None
 
     # ================================================================== run state
     def reset(self, profile: CostProfile) -> None:
@@ -243,6 +244,7 @@ class WindowkitFast(Strategy):
         self.applied_tokens = self.formed_tokens = 0
         self.prefill_ms = self.vision_ms = self.encode_extra_ms = 0.0
         self.prefill_tokens = self.vision_encodes = 0
+        self.prefix_plans = 0
 
     # ================================================================== one step
     def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
@@ -276,6 +278,18 @@ class WindowkitFast(Strategy):
         wset = set(want)
         if len(wset) != len(want):
             raise WindowkitError("assign: duplicate chunk ids")
+        if want == self.ids:
+            return
+        if self.mode == "patch" and self.form == "lazy" and self.cap:
+            for x in ctx:  # sizes and kinds as first seen (the Window's Chunk is cached by id)
+                if x.id not in self.tok:
+                    self.tok[x.id] = x.tokens
+                    if x.kind != "text":
+                        self.visual.add(x.id)
+            choice = choose_step(self._view(), want, self.rule)
+            if choice.route == "prefill":
+                self._prefill_route(choice.keep, want)
+                return
         ids, live = self.ids, self.live
         gone = live - wset
         self.batching, self.pending = True, None
@@ -290,10 +304,8 @@ class WindowkitFast(Strategy):
             if not tail_only:
                 survivors = list(filter(self.live.__contains__, want))  # wanted relative order
                 if survivors != self.ids:
-                    current = {cid: k for k, cid in enumerate(self.ids)}
-                    keep = set(_longest_increasing([current[i] for i in survivors], survivors))
-                    movers = [i for i in survivors if i not in keep]
-                    if movers and len(movers) * 2 > len(survivors):
+                    movers, one_reorder = movers_of(self.ids, survivors)
+                    if one_reorder and not self.exact_budget:
                         self._reorder(survivors)
                         movers = []
                     for cid in movers:
@@ -309,10 +321,54 @@ class WindowkitFast(Strategy):
             else:
                 # in wanted order, every earlier wanted id is already in place: insert at the wanted index
                 for idx in list(compress(range(len(want)), map(not_, map(self.live.__contains__, want)))):
+                    if self.exact_budget and self.pending is not None and self.pending < idx:
+                        first, self.pending, self.batching = self.pending, idx, False  # Window._flush_repair
+                        self._repair(first, idx)
+                        self.batching = True
                     self._insert_wanted(ctx[idx], idx)
             self.batching = False
             if self.pending is not None:
                 self._repair(self.pending)
+
+    def _view(self) -> WindowView:
+        sizes, use = self.store.sizes, self.use_patches
+        return WindowView(ids=self.ids, ante=self.ante, tokens=self.tok,
+                          has_canonical=lambda cid: ("c", cid) in sizes,
+                          has_patch=lambda cid, ante: use and ("p", cid, tuple(ante)) in sizes,
+                          has_orbit=lambda cid, ante: use and ("o", cid, frozenset(ante)) in sizes)
+
+    def _prefill_route(self, keep: int, want: list[str]) -> None:
+        """Window._prefill_route: drop the entries behind the kept prefix (from the tail), one forward of the
+        rest of the wanted window over it; the prefilled entries are exact at their starts."""
+        while len(self.ids) > keep:
+            cid = self.ids.pop()
+            self.spans.pop()
+            self.kvst.pop()
+            self.ante.pop()
+            self.live.discard(cid)
+            self.num_tokens -= self.tok[cid]
+            self.store.unpin(cid)
+        new = want[keep:]
+        self.version += 1
+        if not new:
+            return
+        self._forward(new, keep == 0)
+        start = sum(self.spans)
+        for cid in new:
+            self.known.add(cid)
+            self.store.pin(cid)
+            self.kvst.append(start)
+            self.ante.append(tuple(self.ids))
+            self.ids.append(cid)
+            self.spans.append(self.tok[cid])
+            self.live.add(cid)
+            self.num_tokens += self.tok[cid]
+            start += self.tok[cid]
+        if keep == 0 and ("c", new[0]) not in self.store.sizes:  # its prefill at 0 is its canonical
+            self.encodes += 1
+            self.store.put(("c", new[0]), CANON_BYTES_PER_TOKEN * self.tok[new[0]], self.tok[new[0]])
+        self.version += 1
+        self.prefix_plans += 1
 
     def _insert_wanted(self, x: ChunkRef, idx: int) -> None:
         """Recall a known id, or admit a new one (its size and kind as first seen), at index ``idx``."""
@@ -368,7 +424,7 @@ class WindowkitFast(Strategy):
         """Window._condition; returns the entry's (KV start, formation antecedents)."""
         n = self.tok[cid]
         store = self.store
-        if ante and (cid, len(ante)) in store.plen and ("p", cid, ante) in store.sizes:  # the context recurs
+        if ante and self.use_patches and (cid, len(ante)) in store.plen and ("p", cid, ante) in store.sizes:
             store.touch(("p", cid, ante))
             self.applied_tokens += n
             self._canonical(cid)
@@ -441,7 +497,7 @@ class WindowkitFast(Strategy):
                 self._placed(cid, 0, False)
                 self.kvst[0], self.ante[0] = 0, ()
             first = 1
-        if first >= n or not store.plen:
+        if first >= n or not store.plen or not self.use_patches:
             return
         # only a survivor with a stored patch formed behind as many chunks as it has now can hit one
         cands = sorted(store.plen.keys() & zip(ids[first:], range(first, n)), key=lambda t: t[1])
@@ -456,7 +512,7 @@ class WindowkitFast(Strategy):
             self._placed(cid, start, True)
             self.kvst[i], self.ante[i] = start, ante
 
-    def _repair(self, first: int) -> None:
+    def _repair(self, first: int, upto: Optional[int] = None) -> None:
         """Window._repair: the rule's first tokens of every stale survivor from ``first`` on, one recompute
         (booked as prefill); the window up to the last repaired chunk is relocated first (a wholly recomputed
         chunk is fresh at its start, not relocated)."""
@@ -469,7 +525,8 @@ class WindowkitFast(Strategy):
         n = len(ids)
         if first >= n:
             return
-        stale = [i for i in range(first, n) if len(ante[i]) != i or ante[i] != tuple(ids[:i])]
+        stale = [i for i in range(first, n if upto is None else min(n, upto))
+                 if len(ante[i]) != i or ante[i] != tuple(ids[:i])]
         if not stale:
             return
         counts = self.rule.counts([tok[ids[i]] for i in stale])

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
 
@@ -37,6 +37,7 @@ from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
 from windowkit.store import ChunkStore, chunk_key, context_hash, context_root, context_step, orbit_context_hash
+from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, movers_of, repair_rule
 
 Mode = Literal["patch", "blind", "exact"]
 Where = Union[str, int]
@@ -55,6 +56,7 @@ class WindowStats:
     reused_tokens: int = 0  # tokens placed from stored KV instead of a prefill
     fallbacks: int = 0  # edits that fell back to an exact re-prefill (also: a repair run as a full recondition)
     repaired_tokens: int = 0  # survivor tokens recomputed by the repair rule (also counted in prefill_tokens)
+    prefix_plans: int = 0  # steps run as the prefix cache's plan (the edits were modelled no cheaper): exact
     forwards: int = 0
     vision_calls: int = 0  # vision-tower runs caused by this window (a recalled or moved chunk causes none)
     bytes_moved: int = 0  # KV bytes written by relocate / patch apply
@@ -62,67 +64,6 @@ class WindowStats:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class RepairRule:
-    """Which tokens of the stale survivors an edit recomputes (one forward, CacheBlend semantics).
-
-    Every rule picks the first tokens of each stale survivor (in window order); ``counts`` says how many.
-
-      none         keep-as-is: nothing recomputed, survivors only relocate
-      sink:N       the first N tokens of every stale survivor (their attention sink moved; EPIC-like)
-      head+sink:N  the whole first stale survivor (the chunk right behind the edit) + the first N of the others
-      all          every stale survivor wholly (= exact re-conditioning of the survivors)
-
-        RepairRule.parse("head+sink:5").counts([40, 40, 3])   # [40, 5, 3]
-    """
-
-    name: str
-    sink: int = 0
-    head: bool = False
-    full: bool = False
-
-    @property
-    def is_none(self) -> bool:
-        return not (self.full or self.head or self.sink)
-
-    def counts(self, sizes: Sequence[int]) -> list[int]:
-        """Tokens to recompute (from each chunk's start) for stale survivors of these sizes, in window order."""
-        if self.full:
-            return [int(n) for n in sizes]
-        return [int(n) if (self.head and k == 0) else min(self.sink, int(n)) for k, n in enumerate(sizes)]
-
-    @classmethod
-    def parse(cls, spec: Union[str, "RepairRule", None]) -> "RepairRule":
-        if isinstance(spec, RepairRule):
-            return spec
-        if spec is None:
-            return cls("none")
-        if not isinstance(spec, str):
-            raise WindowkitError(f"repair must be a spec string or a RepairRule, got {type(spec).__name__}")
-        s = spec.strip().lower().replace(" ", "")
-        if s in ("none", "keep", "keep-as-is"):
-            return cls("none")
-        if s in ("all", "exact"):
-            return cls("all", full=True)
-        if s == "head":
-            return cls("head", head=True)
-        for pre, head in (("head+sink:", True), ("sink:", False)):
-            if s.startswith(pre):
-                try:
-                    n = int(s[len(pre):])
-                except ValueError:
-                    n = -1
-                if n < (0 if head else 1):
-                    break
-                return cls(f"{pre}{n}", sink=n, head=head)
-        raise WindowkitError(f"repair spec {spec!r} not understood: use 'none', 'sink:N' (N >= 1), "
-                             "'head+sink:N' (N >= 0), 'head' or 'all'")
-
-
-# fidelity= presets: what each maps to (docs/window.md has the measured front on SmolLM2-135M)
-FIDELITY = {"exact": "all", "balanced": "head+sink:5", "fast": "none"}
 
 
 @dataclass
@@ -174,16 +115,23 @@ class Window:
               need: reorder, blind view, clean fork, or ``prefetch()`` between steps) or "eager" (every
               conditioned forward also encodes the canonical once and stores a patch for that context)
     fidelity: "balanced" (default), "exact" or "fast": the repair rule used when ``repair`` is not given
-              (FIDELITY: exact -> "all", balanced -> "head+sink:5", fast -> "none")
+              (FIDELITY: exact -> "all", balanced -> "head+sink:5", fast -> "none"); or a next-token KL target
+              in nats (e.g. ``fidelity=1e-2``): the cheapest rule whose mean KL on the measured front
+              (windowkit/window/repair_front.json, SmolLM2-135M) is within it
     repair:   survivor repair after an edit that changes survivors' antecedents: "none" | "sink:N" |
               "head+sink:N" | "all" | a RepairRule (overrides ``fidelity``; ignored with removal_patches=True)
+    cap:      True (default, patch mode with lazy forming): ``assign`` and ``reorder`` never plan a step dearer
+              than a prefix cache holding the previous window; where the edits (repairs, conditioned forwards,
+              orbit forms) are modelled no cheaper, the step runs the prefix cache's plan instead: keep the
+              unchanged prefix, prefill the rest in one forward (exact; ``stats.prefix_plans``)
     """
 
     def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
                  prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *, patch_layers=None,
                  svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
                  orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy", basis=None,
-                 fidelity: str = "balanced", repair: Union[str, "RepairRule", None] = None):
+                 fidelity: Union[str, float] = "balanced", repair: Union[str, "RepairRule", None] = None,
+                 cap: bool = True):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -212,10 +160,14 @@ class Window:
         if form not in ("eager", "lazy"):
             raise WindowkitError(f"form must be 'eager' or 'lazy', got {form!r}")
         self.form = form
-        if fidelity not in FIDELITY:
-            raise WindowkitError(f"fidelity must be one of {', '.join(FIDELITY)}, got {fidelity!r}")
+        self.repair = repair_rule(fidelity, repair)
         self.fidelity = fidelity
-        self.repair = RepairRule.parse(FIDELITY[fidelity] if repair is None else repair)
+        # an exact budget (repair "all"): every step equals re-prefill, so a low-rank stored patch is never
+        # served and a reorder runs as the prefix cache's plan (orbit patches are averages, not exact)
+        self._exact_budget = self.repair.full and not removal_patches
+        self._use_patches = not self._exact_budget or rank is None
+        self.cap = bool(cap)
+        self.last_choice = None  # the last StepChoice of assign / reorder (windowkit.window.plan)
         self._repair_pending: Optional[int] = None  # assign batches its evictions' repairs into one
         self._repair_batching = False
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
@@ -359,12 +311,27 @@ class Window:
 
     def reorder(self, ids: Sequence[str]) -> None:
         """Same set, new order. Chunks whose antecedents changed get the orbit patch of their new
-        antecedent set (one patch serves every ordering of that set)."""
+        antecedent set (one patch serves every ordering of that set). Under the step cap (default) the
+        orderings' forwards are weighed against prefilling from the first moved chunk, and that prefill (exact)
+        runs when it is no dearer; with an exact budget (fidelity="exact") it always runs.
+
+            win.reorder(["b", "a", "c"])
+        """
         ids = list(ids)
         if sorted(ids) != sorted(self.ids) or len(set(ids)) != len(ids):
             raise WindowkitError(f"reorder needs a permutation of the window's ids {self.ids}, got {ids}")
         if ids == self.ids:
             return
+        self._reorder(ids, capped=True)
+
+    def _reorder(self, ids: list[str], capped: bool) -> None:
+        if capped and self.mode == "patch" and (self._capped() or self._exact_budget):
+            chunks = [self._known[i] for i in ids]
+            choice = choose_step(self._view(chunks), ids, self.repair, reorder=True)
+            self.last_choice = choice
+            if choice.route == "prefill" or self._exact_budget:
+                self._prefill_route(choice.keep, chunks)
+                return
         by_id = {e.id: e for e in self._entries}
         self._entries = deque(by_id[i] for i in ids)
         self._version += 1
@@ -398,6 +365,13 @@ class Window:
             if known is not None and known is not c and known.content_hash() != c.content_hash():
                 raise ChunkError(f"assign: chunk id {c.id!r} is already known with other content; "
                                  "give new content a new id")
+        if want_ids == self.ids:
+            return []
+        if self._capped():
+            choice = choose_step(self._view(wanted), want_ids, self.repair)
+            self.last_choice = choice
+            if choice.route == "prefill":
+                return self._prefill_route(choice.keep, wanted)
         edits: list[tuple[str, str]] = []
         want = set(want_ids)
         # the evictions' survivor repairs run once, after the last eviction and before any insert
@@ -406,11 +380,9 @@ class Window:
             for cid in [i for i in self.ids if i not in want]:
                 edits.append(("evict", self.evict(cid)))
             survivors = [i for i in want_ids if i in self]  # wanted relative order
-            current = {cid: k for k, cid in enumerate(self.ids)}
-            keep = set(_longest_increasing([current[i] for i in survivors], survivors))
-            movers = [i for i in survivors if i not in keep]
-            if movers and len(movers) * 2 > len(survivors):
-                self.reorder(survivors)
+            movers, one_reorder = movers_of(self.ids, survivors) if survivors != self.ids else ([], False)
+            if one_reorder and not self._exact_budget:  # exact budget: evict + recall (exact), never orbit
+                self._reorder(survivors, capped=False)  # the step was already weighed against the prefix cache
                 edits.append(("reorder", ",".join(survivors)))
                 movers = []
             for cid in movers:
@@ -427,6 +399,8 @@ class Window:
             for idx, c in enumerate(wanted):
                 if c.id in self:
                     continue
+                if self._exact_budget and self._repair_pending is not None and self._repair_pending < idx:
+                    self._flush_repair(idx)  # exact: an insert is conditioned on repaired KV, never on stale KV
                 if c.id in self._known:
                     edits.append(("recall", self.recall(c.id, at=idx)))
                 else:
@@ -658,6 +632,8 @@ class Window:
         return h
 
     def _get_patch(self, key: str, ctx: str) -> Optional[Patch]:
+        if not self._use_patches:  # exact budget: only a full-rank patch is exact
+            return None
         try:
             p = self.store.get_patch(key, ctx, copy=False)
         except WindowkitError:  # corrupt entry: dropped by the store, recomputed here, never served
@@ -739,6 +715,74 @@ class Window:
         else:
             self.graph.add_chunk(e.id, len(e.chunk))
             self.graph.set_current(e.id, None)
+
+    def _capped(self) -> bool:
+        return self.cap and self.mode == "patch" and self.form == "lazy" and not self.removal_patches
+
+    def _view(self, wanted: Sequence[Chunk]) -> WindowView:
+        """The window as the tensor-free rules read it (windowkit.window.plan): ids, sizes, what the store holds."""
+        keys = dict(self._keys)
+        tokens = {e.id: len(e.chunk) for e in self._entries}
+        fp = self.backend.fingerprint()
+        for c in wanted:
+            tokens.setdefault(c.id, len(c))
+            if c.id not in keys:
+                keys[c.id] = chunk_key(c.content_hash(), fp)
+        pk, store, use = self._prefix_key, self.store, self._use_patches
+        return WindowView(
+            ids=self.ids, ante=[e.ante for e in self._entries], tokens=tokens,
+            has_canonical=lambda cid: store.has_canonical(keys[cid]),
+            has_patch=lambda cid, ante: use and store.has_patch(keys[cid], context_hash([keys[i] for i in ante], prefix=pk)),
+            has_orbit=lambda cid, ante: use and store.has_patch(keys[cid], orbit_context_hash([keys[i] for i in ante],
+                                                                                             prefix=pk)),
+            prefix_tokens=len(self.prefix) if self.prefix is not None else 0)
+
+    def _prefill_route(self, keep: int, wanted: Sequence[Chunk]) -> list[tuple[str, str]]:
+        """The prefix cache's plan for a step: keep the first ``keep`` entries as they are, drop the rest, and
+        prefill ``wanted[keep:]`` in one forward over the kept KV (exactly conditioned on it; no repair, no
+        patch). Returns the edits as ``assign`` does."""
+        edits: list[tuple[str, str]] = []
+        while len(self._entries) > keep:  # from the tail: nothing in front of a dropped entry moves
+            e = self._entries.pop()
+            self._evicted[e.id] = e.chunk
+            self._live.discard(e.id)
+            self.store.unpin(e.key)
+            self.graph.on_evict(e.id)
+            edits.append(("evict", e.id))
+        edits.reverse()
+        self._version += 1
+        new = list(wanted[keep:])
+        if not new:  # only drops (the window shrank to its unchanged prefix)
+            return edits
+        start = self.next_position
+        res = self._run(new, start, self._kv_upto(keep))
+        self.stats.prefix_plans += 1
+        recalled, fresh = [], []
+        fp = self.backend.fingerprint()
+        for c in new:
+            (recalled if c.id in self._known else fresh).append(c.id)
+            edits.append(("recall" if c.id in self._known else "admit", c.id))
+            self._known[c.id] = c
+            self._evicted.pop(c.id, None)
+            key = self._keys[c.id] = chunk_key(c.content_hash(), fp)
+            self.store.pin(key)
+            self._entries.append(_Entry(c, key, self.backend.span(c)))
+            self._live.add(c.id)
+        ids = self.ids
+        for cid in recalled:
+            self.last_cascade = self.graph.on_recall(cid, ids)
+        starts, off = self.starts(), 0
+        for i in range(keep, len(self._entries)):
+            e, n = self._entries[i], len(self._entries[i].chunk)
+            kv = res.kv.slice(off, off + n) if res.kv is not None else None
+            off += n
+            if i == 0 and self.prefix is None and kv is not None and not self.store.has_canonical(e.key):
+                # nothing in front: its prefill at 0 is its canonical (causal: the rest of the forward is behind it)
+                self.stats.encodes += 1
+                self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(n)})
+            self._set_exact(e, kv, starts[i], tuple(ids[:i]))
+        self._version += 1
+        return edits
 
     def _exact_upto(self, idx: int) -> bool:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
@@ -842,7 +886,16 @@ class Window:
             if e.ante:
                 self.graph.add_patch(e.id, e.ctx, e.ante, "removal", p.nbytes, n)
 
-    def _repair(self, first: int) -> None:
+    def _flush_repair(self, upto: int) -> None:
+        """Run the pending (batched) repair on the survivors in front of index ``upto`` now; those from ``upto``
+        on stay pending. With the "all" rule a survivor costs its size in any pass, so this splits no cost."""
+        first, self._repair_pending, self._repair_batching = self._repair_pending, upto, False
+        try:
+            self._repair(first, upto)
+        finally:
+            self._repair_batching = True
+
+    def _repair(self, first: int, upto: Optional[int] = None) -> None:
         """Survivor repair (``self.repair``) for the stale survivors from index ``first`` on.
 
         Stale: a survivor whose KV was formed on other antecedents than it has now (``_refresh_known`` has
@@ -863,7 +916,8 @@ class Window:
         if first >= n:
             return
         ids = [x.id for x in entries]
-        stale = [i for i in range(first, n) if len(entries[i].ante) != i or entries[i].ante != tuple(ids[:i])]
+        stale = [i for i in range(first, n if upto is None else min(n, upto))
+                 if len(entries[i].ante) != i or entries[i].ante != tuple(ids[:i])]
         if not stale:
             return
         counts = self.repair.counts([len(entries[i].chunk) for i in stale])
@@ -977,27 +1031,6 @@ class Window:
     @staticmethod
     def _bandwidth_ms(nbytes: int, gbps: float = 10.0) -> float:
         return nbytes / (gbps * 1e9) * 1e3
-
-
-def _longest_increasing(keys: Sequence[int], items: Sequence[str]) -> list[str]:
-    """Items whose keys form a longest strictly increasing subsequence (patience sorting, O(n log n))."""
-    import bisect
-
-    tails: list[int] = []  # tails[k]: index into keys of the smallest tail of an increasing run of length k+1
-    prev = [-1] * len(keys)
-    for i, k in enumerate(keys):
-        j = bisect.bisect_left([keys[t] for t in tails], k)
-        if j > 0:
-            prev[i] = tails[j - 1]
-        if j == len(tails):
-            tails.append(i)
-        else:
-            tails[j] = i
-    out, i = [], tails[-1] if tails else -1
-    while i >= 0:
-        out.append(items[i])
-        i = prev[i]
-    return out[::-1]
 
 
 __all__ = ["Window", "WindowStats", "Edit", "Mode", "RepairRule", "FIDELITY"]

@@ -118,8 +118,8 @@ class SGLangBackend:
         raises UnsupportedModelError otherwise (nothing is started). The Engine's schedulers run in other
         processes, so plans' KV always travel as files: ``spool_dir`` (default: a new temporary directory)."""
         if not torch.cuda.is_available():
-            raise UnsupportedModelError("SGLangBackend.launch needs a CUDA GPU (SGLang's Engine does not run on "
-                                        "this machine's CPU); use HFBackend here")
+            raise UnsupportedModelError("SGLangBackend.launch needs a CUDA GPU; on a CPU use "
+                                        "SGLangBackend.launch_cpu (Llama-family models, see docs/backends.md)")
         try:
             import sglang
         except ImportError as e:
@@ -130,6 +130,24 @@ class SGLangBackend:
                                unified_cache_external_linker_config=linker_config(kv_backend.fingerprint(), stats_path),
                                **engine_kwargs)
         if spool_dir is None:  # an in-process ("mem:") handle is never found by a scheduler process
+            import tempfile
+
+            spool_dir = tempfile.mkdtemp(prefix="windowkit-spool-")
+        return cls(engine, kv_backend, page_size=page_size, spool_dir=spool_dir, config=config,
+                   share_exact=share_exact)
+
+    @classmethod
+    def launch_cpu(cls, model_path: str, kv_backend: Any, *, page_size: int = 16, spool_dir: Optional[str] = None,
+                   stats_path: Optional[str] = None, log_path: Optional[str] = None, config: Any = None,
+                   share_exact: bool = True, **engine_kwargs: Any) -> "SGLangBackend":
+        """Start a real SGLang Engine on this CPU (``cpu_engine.CPUEngine``: a child process with SGLang's CPU
+        engine, ``torch_native`` attention, fp32, the sgl_kernel stand-in) with the windowkit linker; raises
+        ``cpu_engine.EngineStartError`` with SGLang's reason when it cannot start. ``shutdown()`` stops it."""
+        from windowkit.backends.sglang.cpu_engine import CPUEngine
+
+        engine = CPUEngine.start(model_path, linker=linker_config(kv_backend.fingerprint(), stats_path),
+                                 log_path=log_path, page_size=page_size, **engine_kwargs)
+        if spool_dir is None:
             import tempfile
 
             spool_dir = tempfile.mkdtemp(prefix="windowkit-spool-")

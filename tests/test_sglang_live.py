@@ -1,0 +1,229 @@
+"""windowkit plans executed inside a live SGLang 0.5.23 Engine on CPU, serving SmolLM2-135M-Instruct.
+
+One real ``sglang.Engine`` is started for this module (``windowkit.backends.sglang.cpu_engine``: a child
+process with ``SGLANG_USE_CPU_ENGINE=1``, ``torch_native`` attention, fp32, ``sleep_on_idle``,
+``max_total_tokens=16384``, ``context_length=4096``, page size 16) with ``WindowkitLinker`` as its dynamic
+external linker and the windowkit plugin loaded by SGLang's own ``load_plugins()`` from the
+``sglang.srt.plugins`` entry point (``SGLANG_PLUGINS=windowkit``). The same checkpoint folder is loaded by
+``HFBackend``, which builds the windows and predicts their next-token KL.
+
+The window: chunks A, B, C (64 tokens each, 4 pages) admitted, then A evicted, so the window is [B, C]
+(128 tokens, 8 pages) and the query Q (10 tokens) follows it. SGLang prefills only Q; the linker writes the
+8 pages from the plan. Checked:
+
+* the plugin's hook ran in the scheduler (plans are registered only by it) and the linker restored every
+  planned token (its stats file), with SGLang counting them as cached;
+* an exact plan generates the same greedy ids as the engine's own prefill of the same ids;
+* blind and patch plans reach, inside SGLang, the next-token KL to SGLang's own prefill that HFBackend
+  predicts for the same window, within 1e-4 (full-vocabulary log-probabilities from the engine);
+* a misaligned plan falls back (counted) and is answered by SGLang's own prefill.
+
+If the Engine cannot start, every test fails with SGLang's reason (never skipped). Only this module starts
+an Engine; it takes about a minute on 2 cores (start ~45 s, each request a few seconds).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from _need import need  # noqa: E402
+
+need("sglang", "make .venv/.windowkit-sglang-installed (pip install --no-deps -r requirements-sglang.txt "
+               "-r requirements-sglang-engine.txt)")
+
+from windowkit.backends.hf import HFBackend, load_model  # noqa: E402
+from windowkit.backends.sglang import Segment, SGLangBackend, linker_config, plan_request  # noqa: E402
+from windowkit.backends.sglang.cpu_engine import SHIM_DIR, EngineStartError  # noqa: E402
+from windowkit.chunk import Chunk  # noqa: E402
+from windowkit.kv.metrics import kl_divergence  # noqa: E402
+from windowkit.models import smollm2  # noqa: E402
+from windowkit.window import Window  # noqa: E402
+
+PAGE = 16
+CHUNK = 64
+NEW = 6  # greedy tokens compared
+TEXTS = (
+    "The harbour town of Kelport keeps a lighthouse painted red and white. Its keeper, Mara, logs every ship "
+    "that passes, noting the weather, the cargo and the flag of each one. ",
+    "In the spring the fishing fleet returns with herring and cod, and the market square fills with stalls "
+    "selling rope, nets, fresh bread and smoked fish to the sailors. ",
+    "Last winter a storm broke the harbour wall, and the town council voted to rebuild it with granite from "
+    "the northern quarry, paid for by a tax on every barrel of oil. ",
+)
+QUESTION = " Question: what colour is the lighthouse? Answer:"
+SHIM_NAMES = ("copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu", "assign_extend_cache_locs_cpu",
+              "assign_draft_cache_locs_contiguous_cpu", "build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu",
+              "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu")
+
+
+class Live:
+    """The running engine, the HF backend over the same folder, the token ids and the linker's stats."""
+
+    def __init__(self, tmp: Path):
+        torch.set_num_threads(1)  # the engine's scheduler computes on the other core
+        tok = smollm2.load_tokenizer()
+        self.ids = [tok(t * 2)["input_ids"][:CHUNK] for t in TEXTS]  # each text twice: >= 64 tokens
+        assert all(len(x) == CHUNK for x in self.ids)
+        self.q = tok(QUESTION)["input_ids"]
+        self.hf = HFBackend(load_model("smollm2"))
+        self.vocab = int(self.hf.model.config.vocab_size)
+        self.stats_path = tmp / "linker_stats.json"
+        self.log_path = tmp / "engine.log"
+        os.makedirs(tmp / "spool", exist_ok=True)
+        # share_exact=False: an exact plan gets a salt too, so it never finds the pages the engine's own
+        # prefill of the same ids left in the radix tree (the comparison would restore nothing)
+        self.sg = SGLangBackend.launch_cpu(str(smollm2.checkpoint_dir()), self.hf, page_size=PAGE,
+                                           spool_dir=str(tmp / "spool"), stats_path=str(self.stats_path),
+                                           log_path=str(self.log_path), share_exact=False)
+        self.engine = self.sg.engine
+        self._ref_lp = None
+        self._own = None
+
+    def window(self, mode: str) -> Window:
+        """[A, B, C], then A evicted: the window is [B, C] at positions 0..127."""
+        w = Window(self.hf, rank=16, mode=mode)
+        for name, ids in zip("ABC", self.ids):
+            w.admit(Chunk.text(torch.tensor(ids), id=name))
+        w.evict("head")
+        return w
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.ids[1] + self.ids[2] + self.q
+
+    def stats(self) -> dict:
+        return json.loads(self.stats_path.read_text()) if self.stats_path.exists() else {}
+
+    def next_token_logprobs(self, out: dict) -> torch.Tensor:
+        """The engine's full-vocabulary next-token log-probabilities of a 1-token request."""
+        top = out["meta_info"]["output_top_logprobs"][0]
+        assert len(top) == self.vocab
+        lp = torch.full((self.vocab,), float("-inf"), dtype=torch.float64)
+        for value, token, _ in top:
+            lp[int(token)] = value
+        return lp
+
+    def logprob_request(self) -> dict:
+        return {"sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "return_logprob": True,
+                "top_logprobs_num": self.vocab}
+
+    def own_greedy(self) -> list[int]:
+        """SGLang's own greedy ids for [B, C, Q] (no plan)."""
+        if self._own is None:
+            sp = {"max_new_tokens": NEW, "temperature": 0.0}
+            self._own = list(self.engine.generate(input_ids=self.prompt, sampling_params=sp)["output_ids"])
+        return self._own
+
+    def reference_logprobs(self) -> torch.Tensor:
+        """SGLang's own prefill of [B, C, Q] (no plan)."""
+        if self._ref_lp is None:
+            self._ref_lp = self.next_token_logprobs(self.engine.generate(input_ids=self.prompt, **self.logprob_request()))
+        return self._ref_lp
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    try:
+        lv = Live(tmp_path_factory.mktemp("sglang_live"))
+    except EngineStartError as e:
+        pytest.fail(f"the SGLang Engine did not start on CPU; SGLang's reason:\n{e}", pytrace=False)
+    try:
+        yield lv
+    finally:
+        lv.sg.shutdown()
+
+
+def _load_shim():
+    spec = importlib.util.spec_from_file_location("windowkit_sgl_kernel_shim", SHIM_DIR / "sgl_kernel" / "__init__.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------------- the sgl_kernel stand-in (no engine)
+def test_shim_defines_only_the_names_sglang_imports_and_each_raises():
+    shim = _load_shim()
+    public = sorted(n for n in dir(shim) if not n.startswith("_") and n not in ("SHIM", "annotations"))
+    assert public == sorted(SHIM_NAMES) and sorted(shim.__all__) == sorted(SHIM_NAMES)
+    for name in SHIM_NAMES:
+        with pytest.raises(NotImplementedError, match=f"sgl_kernel.{name} was called"):
+            getattr(shim, name)()
+    # every name is one that SGLang's sources import from sgl_kernel (none is dead weight)
+    import sglang
+
+    root = Path(sglang.__file__).parent
+    src = "\n".join(p.read_text(errors="replace") for p in list(root.glob("kernels/ops/**/*.py"))
+                    + list(root.glob("srt/mem_cache/*.py")))
+    for name in SHIM_NAMES:
+        assert re.search(rf"from sgl_kernel import[^\n]*\b{name}\b|from sgl_kernel import \([^)]*\b{name}\b", src), name
+
+
+# ---------------------------------------------------------------------- the live engine
+def test_engine_runs_on_the_shim_with_the_plugin_from_its_entry_point(live):
+    info = live.engine.info
+    assert info["sglang"] == "0.5.23"
+    assert info["sgl_kernel_is_shim"] and Path(info["sgl_kernel"]).is_relative_to(SHIM_DIR)
+    assert "windowkit=windowkit.backends.sglang.plugin:register" in info["plugins"]
+
+
+def test_exact_plan_generates_the_engines_own_greedy_ids(live):
+    own = live.own_greedy()
+    before = live.stats()
+    out = live.sg.serve(live.window("exact"), live.q, sampling_params={"max_new_tokens": NEW, "temperature": 0.0})
+    assert out["output_ids"] == own and len(own) == NEW
+    after = live.stats()
+    # the plugin hook (only it registers plans) ran inside SGLang's scheduler; the linker wrote all 8 pages
+    assert after["plans"] == before.get("plans", 0) + 1
+    assert after["applied"] == before.get("applied", 0) + 1
+    assert after["tokens_restored"] - before.get("tokens_restored", 0) == 2 * CHUNK
+    assert after["fallbacks"] == before.get("fallbacks", 0)
+    assert out["meta_info"]["cached_tokens"] >= 2 * CHUNK  # SGLang prefilled only the query
+
+
+@pytest.mark.parametrize("mode", ["blind", "patch"])
+def test_approximate_plan_reaches_the_kl_hf_predicts(live, mode):
+    """KL(SGLang prefill || SGLang with the window restored from the plan) equals HFBackend's
+    KL(exact window || the same window) within 1e-4."""
+    exact = Window(live.hf, mode="exact")
+    for name, ids in zip("BC", live.ids[1:]):
+        exact.admit(Chunk.text(torch.tensor(ids), id=name))
+    win = live.window(mode)
+    kl_hf = kl_divergence(exact.forward(live.q), win.forward(live.q))
+    ref = live.reference_logprobs()
+    # the two engines agree on the exact distribution to begin with
+    assert kl_divergence(exact.forward(live.q), ref) < 1e-6
+    before = live.stats()
+    out = live.sg.serve(win, live.q, **live.logprob_request())
+    after = live.stats()
+    assert after["applied"] == before.get("applied", 0) + 1 and after["fallbacks"] == before.get("fallbacks", 0)
+    assert live.sg.last_plan.cache_salt is not None  # approximate pages live in a namespace of their own
+    kl_sg = kl_divergence(ref, live.next_token_logprobs(out))
+    assert kl_hf > 1e-4 if mode == "blind" else True  # blind reuse really is approximate here
+    print(f"\n{mode}: KL predicted by HFBackend {kl_hf:.6g}, measured in SGLang {kl_sg:.6g}, |diff| {abs(kl_sg - kl_hf):.2g}")
+    assert abs(kl_sg - kl_hf) < 1e-4, (mode, kl_hf, kl_sg)
+
+
+def test_misaligned_plan_falls_back_to_sglangs_prefill_and_is_counted(live):
+    """A plan whose segment boundary is not on a page (B's first 60 tokens exact, the rest approximate):
+    the plugin refuses it (misaligned), counts it once, and SGLang answers with its own prefill."""
+    win = live.window("blind")
+    plan, kw = plan_request(win.window_kv(), live.ids[1] + live.ids[2], live.q, page_size=PAGE,
+                            fingerprint=live.hf.fingerprint(), spool_dir=live.sg.spool_dir,
+                            segments=[Segment(0, 60, "exact", "B"), Segment(60, 2 * CHUNK, "approx", "C")],
+                            sampling_params={"max_new_tokens": NEW, "temperature": 0.0})
+    assert plan.cache_salt is not None and kw["input_ids"] == live.prompt
+    before = live.stats()
+    out = live.engine.generate(**kw)
+    after = live.stats()
+    assert after["plans"] == before.get("plans", 0) + 1
+    assert after["fallbacks"] == before.get("fallbacks", 0) + 1
+    assert after["reasons"].get("misaligned", 0) == before.get("reasons", {}).get("misaligned", 0) + 1
+    assert after["applied"] == before.get("applied", 0)
+    assert out["meta_info"]["cached_tokens"] == 0  # its own salt: nothing cached, the whole prompt prefilled
+    assert out["output_ids"] == live.own_greedy()

@@ -1,0 +1,310 @@
+"""The Window's tensor-free rules: survivor repair, the fewest-edits matching of ``assign``, and the step cap.
+
+Nothing here touches a tensor, a model or a store: the Window and the simulator's bookkeeping model
+(``windowkit.trace.fastsim``) call these same functions with their own view of the window (ids, token counts,
+the antecedents each entry's KV was formed on, what the store holds), so the rules exist once.
+
+The step cap: a prefix cache (SGLang's radix tree, vLLM's APC) holding the previous window serves the longest
+unchanged prefix and prefills the rest, exactly. ``choose_step`` models what the Window's edits would prefill
+for the same step (repairs, conditioned forwards, orbit forms, encodes) and picks the prefix cache's own plan
+whenever the edits would not be cheaper, so windowkit never plans a step dearer than that prefix cache, and
+such a step is exact.
+
+    c = choose_step(view, ["b", "c", "d"])
+    c.route, c.keep, c.prefill_tokens, c.edit_tokens      # ("edit", 0, 300, 110)
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from math import factorial
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+from windowkit.errors import WindowkitError
+
+
+@dataclass(frozen=True)
+class RepairRule:
+    """Which tokens of the stale survivors an edit recomputes (one forward, CacheBlend semantics).
+
+    Every rule picks the first tokens of each stale survivor (in window order); ``counts`` says how many.
+
+      none         keep-as-is: nothing recomputed, survivors only relocate
+      sink:N       the first N tokens of every stale survivor (their attention sink moved; EPIC-like)
+      head+sink:N  the whole first stale survivor (the chunk right behind the edit) + the first N of the others
+      all          every stale survivor wholly (= exact re-conditioning of the survivors)
+
+        RepairRule.parse("head+sink:5").counts([40, 40, 3])   # [40, 5, 3]
+    """
+
+    name: str
+    sink: int = 0
+    head: bool = False
+    full: bool = False
+
+    @property
+    def is_none(self) -> bool:
+        return not (self.full or self.head or self.sink)
+
+    def counts(self, sizes: Sequence[int]) -> list[int]:
+        """Tokens to recompute (from each chunk's start) for stale survivors of these sizes, in window order."""
+        if self.full:
+            return [int(n) for n in sizes]
+        return [int(n) if (self.head and k == 0) else min(self.sink, int(n)) for k, n in enumerate(sizes)]
+
+    @classmethod
+    def parse(cls, spec: Union[str, "RepairRule", None]) -> "RepairRule":
+        if isinstance(spec, RepairRule):
+            return spec
+        if spec is None:
+            return cls("none")
+        if not isinstance(spec, str):
+            raise WindowkitError(f"repair must be a spec string or a RepairRule, got {type(spec).__name__}")
+        s = spec.strip().lower().replace(" ", "")
+        if s in ("none", "keep", "keep-as-is"):
+            return cls("none")
+        if s in ("all", "exact"):
+            return cls("all", full=True)
+        if s == "head":
+            return cls("head", head=True)
+        for pre, head in (("head+sink:", True), ("sink:", False)):
+            if s.startswith(pre):
+                try:
+                    n = int(s[len(pre):])
+                except ValueError:
+                    n = -1
+                if n < (0 if head else 1):
+                    break
+                return cls(f"{pre}{n}", sink=n, head=head)
+        raise WindowkitError(f"repair spec {spec!r} not understood: use 'none', 'sink:N' (N >= 1), "
+                             "'head+sink:N' (N >= 0), 'head' or 'all'")
+
+
+# fidelity= presets: what each maps to (docs/window.md has the measured front on SmolLM2-135M)
+FIDELITY = {"exact": "all", "balanced": "head+sink:5", "fast": "none"}
+FRONT_PATH = Path(__file__).with_name("repair_front.json")  # written by bench/bench_repair.py from its run
+
+
+def measured_front(path: Union[str, Path, None] = None) -> dict[str, dict[str, float]]:
+    """The repair rules' measured cost share and mean next-token KL (``repair_front.json``: SmolLM2-135M, a
+    sliding window of 5 chunks with look-backs; bench/bench_repair.py rewrites it)."""
+    try:
+        return dict(json.loads(Path(path or FRONT_PATH).read_text())["rules"])
+    except (OSError, ValueError, KeyError) as e:
+        raise WindowkitError(f"cannot read the measured repair front {path or FRONT_PATH}: {e}") from None
+
+
+def rule_for_kl(target: float, front: Optional[Mapping[str, Mapping[str, float]]] = None) -> str:
+    """The cheapest repair rule whose measured mean next-token KL is at most ``target`` nats ("all" if none is).
+
+        rule_for_kl(1e-2)   # "head": the cheapest rule measured under 0.01 nats
+    """
+    t = float(target)
+    if not t >= 0:  # also rejects NaN
+        raise WindowkitError(f"a fidelity KL target is a number of nats >= 0, got {target!r}")
+    rows = measured_front() if front is None else front
+    ok = [(float(v["cost_share"]), name) for name, v in rows.items() if float(v["mean_kl"]) <= t]
+    return min(ok)[1] if ok else "all"
+
+
+def repair_rule(fidelity: Union[str, float] = "balanced", repair: Union[str, RepairRule, None] = None) -> RepairRule:
+    """The repair rule a fidelity budget (preset name or KL target in nats) picks; ``repair`` overrides it.
+
+        repair_rule("balanced").name == "head+sink:5";  repair_rule(1e-2).name == "head"
+    """
+    if isinstance(fidelity, (int, float)) and not isinstance(fidelity, bool):
+        preset = rule_for_kl(fidelity)  # a KL target: the cheapest rule measured under it
+    elif isinstance(fidelity, str) and fidelity in FIDELITY:
+        preset = FIDELITY[fidelity]
+    else:
+        raise WindowkitError(f"fidelity must be one of {', '.join(FIDELITY)} or a next-token KL target in nats "
+                             f"(e.g. 1e-2), got {fidelity!r}")
+    return RepairRule.parse(preset if repair is None else repair)
+
+
+def longest_increasing(keys: Sequence[int], items: Sequence[str]) -> list[str]:
+    """Items whose keys form a longest strictly increasing subsequence (patience sorting, O(n log n)).
+
+        longest_increasing([2, 0, 1], ["a", "b", "c"]) == ["b", "c"]
+    """
+    tails: list[int] = []  # tails[k]: index into keys of the smallest tail of an increasing run of length k+1
+    tail_keys: list[int] = []
+    prev = [-1] * len(keys)
+    for i, k in enumerate(keys):
+        j = bisect.bisect_left(tail_keys, k)
+        if j > 0:
+            prev[i] = tails[j - 1]
+        if j == len(tails):
+            tails.append(i)
+            tail_keys.append(k)
+        else:
+            tails[j] = i
+            tail_keys[j] = k
+    out, i = [], tails[-1] if tails else -1
+    while i >= 0:
+        out.append(items[i])
+        i = prev[i]
+    return out[::-1]
+
+
+def movers_of(current: Sequence[str], survivors: Sequence[str]) -> tuple[list[str], bool]:
+    """``assign``'s survivor moves: the survivors (in wanted order) that leave the longest run already in order,
+    and whether one ``reorder`` replaces them (more than half must move).
+
+        movers_of(["a", "b", "c"], ["c", "a", "b"]) == (["c"], False)
+    """
+    pos = {cid: k for k, cid in enumerate(current)}
+    keep = set(longest_increasing([pos[i] for i in survivors], list(survivors)))
+    movers = [i for i in survivors if i not in keep]
+    return movers, bool(movers) and len(movers) * 2 > len(survivors)
+
+
+def orbit_forwards(antecedents: int, samples: int = 24) -> int:
+    """Forwards an orbit patch takes for a chunk with this many antecedents (every ordering for K <= 4)."""
+    return factorial(antecedents) if antecedents <= 4 else int(samples)
+
+
+@dataclass
+class WindowView:
+    """What the rules read of a window: nothing but ids, sizes and what the store holds.
+
+    ids:    entry ids in window order
+    ante:   per entry, the ordered antecedent ids its KV's conditioning was formed on
+    tokens: tokens of every chunk id the step may place (live, recalled, new)
+    has_canonical(id), has_patch(id, antecedents), has_orbit(id, antecedents): what the store holds
+    prefix_tokens: tokens of a fixed prefix in front (0: none)
+    """
+
+    ids: Sequence[str]
+    ante: Sequence[tuple]
+    tokens: Mapping[str, int]
+    has_canonical: Callable[[str], bool]
+    has_patch: Callable[[str, tuple], bool]
+    has_orbit: Callable[[str, tuple], bool]
+    prefix_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """``choose_step``'s answer.
+
+    route:          "edit" (the Window's edits) or "prefill" (the prefix cache's plan: keep the first ``keep``
+                    entries as they are, prefill the rest of the wanted window in one forward, exactly)
+    keep:           entries the prefix cache's plan keeps (the common prefix of the old and the new window)
+    prefill_tokens: tokens the prefix cache's plan prefills
+    edit_tokens:    tokens the edits are modelled to run through the model (an upper bound)
+    """
+
+    route: str
+    keep: int
+    prefill_tokens: int
+    edit_tokens: int
+
+
+def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _stale(ids: Sequence[str], ante: Sequence[tuple], first: int) -> list[int]:
+    return [i for i in range(first, len(ids)) if len(ante[i]) != i or tuple(ante[i]) != tuple(ids[:i])]
+
+
+def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Optional[int], rule: RepairRule) -> int:
+    """Tokens one repair pass recomputes from ``first`` on; wholly repaired entries become exact in ``ante``."""
+    if first is None or rule.is_none or first >= len(ids):
+        return 0
+    stale = _stale(ids, ante, first)
+    counts = rule.counts([tokens[ids[i]] for i in stale])
+    for i, k in zip(stale, counts):
+        if k == tokens[ids[i]]:
+            ante[i] = tuple(ids[:i])
+    return sum(counts)
+
+
+def _place_tokens(view: WindowView, cid: str, ante: tuple, orbit: bool = False) -> int:
+    """Tokens that placing ``cid`` behind ``ante`` runs (lazy forming): zero when the store holds what it needs."""
+    n = view.tokens[cid]
+    front = bool(ante) or view.prefix_tokens > 0
+    if not front:  # nothing in front: its prefill at 0 is its canonical
+        return 0 if view.has_canonical(cid) else n
+    if view.has_patch(cid, ante) or (orbit and view.has_orbit(cid, ante)):
+        return 0 if view.has_canonical(cid) else n
+    if not orbit:
+        return n  # one conditioned forward over what is in front
+    ante_tokens = view.prefix_tokens + sum(view.tokens[a] for a in ante)
+    return (0 if view.has_canonical(cid) else n) + orbit_forwards(len(ante)) * (ante_tokens + n)
+
+
+def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder: Optional[bool] = None) -> int:
+    """Tokens the Window's edits run through the model to turn ``view.ids`` into ``want`` (``assign``'s order of
+    edits: evictions, survivor moves, one repair, inserts, one repair). An upper bound: a free exact
+    conditioning found after an eviction (a stored patch for a survivor's new context) is not subtracted.
+    ``reorder`` forces (True) or forbids (False) the one-reorder path; None: ``assign``'s rule decides."""
+    ids, ante = list(view.ids), [tuple(a) for a in view.ante]
+    wset = set(want)
+    first: Optional[int] = None
+
+    def drop(idx: int) -> None:
+        nonlocal first
+        del ids[idx]
+        del ante[idx]
+        if idx < len(ids):
+            first = idx if first is None else min(first, idx)
+
+    for cid in [i for i in ids if i not in wset]:
+        drop(ids.index(cid))
+    live = set(ids)
+    survivors = [i for i in want if i in live]
+    cost = 0
+    if survivors != ids:
+        movers, one_reorder = movers_of(ids, survivors)
+        if reorder is not None:
+            one_reorder = reorder
+        if one_reorder:
+            pos = {c: k for k, c in enumerate(ids)}
+            ante = [ante[pos[c]] for c in survivors]
+            ids = list(survivors)
+            for i, c in enumerate(ids):
+                if ante[i] != tuple(ids[:i]):
+                    cost += _place_tokens(view, c, tuple(ids[:i]), orbit=True)
+                    ante[i] = tuple(ids[:i])
+        else:
+            for cid in movers:
+                drop(ids.index(cid))
+    cost += _repair_tokens(ids, ante, view.tokens, first, rule)
+    first = None
+    live = set(ids)
+    for idx, cid in enumerate(want):
+        if cid in live:
+            continue
+        ids.insert(idx, cid)
+        ante.insert(idx, tuple(ids[:idx]))
+        cost += _place_tokens(view, cid, tuple(ids[:idx]))
+        if idx + 1 < len(ids):
+            first = idx + 1 if first is None else min(first, idx + 1)
+    cost += _repair_tokens(ids, ante, view.tokens, first, rule)
+    return cost
+
+
+def choose_step(view: WindowView, want: Sequence[str], rule: RepairRule, reorder: Optional[bool] = None) -> StepChoice:
+    """The cheaper of the Window's edits and the prefix cache's plan for turning the window into ``want``.
+
+    The prefix cache keeps the longest common prefix of the current and the wanted ids and prefills the rest; a
+    tie goes to it (it is exact). ``reorder`` as for ``edit_tokens``.
+    """
+    keep = common_prefix(view.ids, want)
+    prefill = sum(view.tokens[c] for c in want[keep:])
+    edits = edit_tokens(view, want, rule, reorder)
+    return StepChoice("prefill" if prefill <= edits else "edit", keep, prefill, edits)
+
+
+__all__ = ["RepairRule", "FIDELITY", "measured_front", "rule_for_kl", "repair_rule", "WindowView", "StepChoice", "choose_step", "edit_tokens", "common_prefix",
+           "longest_increasing", "movers_of", "orbit_forwards"]
