@@ -68,16 +68,17 @@ def test_hand_trace_default_lazy_balanced_by_hand():
         its canonical, stored (1 encode, no extra forward); query 1 -> 15.
     s1: [A B] -> [B C]: the edits (repair B wholly 2 + C's conditioned 4) tie with prefilling B C (6): one
         forward of 6 + vision 8 (C is new); B at 0 is stored as its canonical (1 encode); query 1 -> 15.
-    s2: [B C] -> [A B C]: A recalled at the head from its canonical (free), B and C are stale behind it: B
-        wholly (first stale), C's first 5 tokens = all 4 of it: 6 tokens, cheaper than prefilling A B C (10):
-        the edits run; one recompute of 6, nothing relocated, no binding risk -> 6.
+        Each prefilled chunk behind an exact front keeps its conditioned KV in the store (B behind A, C behind B).
+    s2: [B C] -> [A B C]: A recalled at the head from its canonical (free); B behind A finds its conditioned KV
+        of s0 (exact, relocated 0 -> 4: 1 relocation, replay 2 x 0.5); C is stale (formed behind B alone): the
+        whole first stale survivor, 4 tokens; cheaper than prefilling A B C (10): the edits run -> 5.
     """
     for s in (WindowkitFast(), WindowkitStrategy()):
         c = simulate(T, P, [s], progress=False).steps[s.name]
-        assert [x.total_ms for x in c] == [15, 15, 6], s.name
-        assert [x.prefill_tokens for x in c] == [7, 7, 6], s.name
+        assert [x.total_ms for x in c] == [15, 15, 5], s.name
+        assert [x.prefill_tokens for x in c] == [7, 7, 4], s.name
         assert [(x.encodes, x.patch_forms, x.relocations, x.binding_risk) for x in c] == \
-            [(1, 0, 0, 0), (1, 0, 0, 0), (0, 0, 0, 0)], s.name
+            [(1, 0, 0, 0), (1, 0, 0, 0), (0, 0, 1, 0)], s.name
         assert (s.win.stats.prefix_plans if hasattr(s, "win") else s.prefix_plans) == 2, s.name
 
 

@@ -32,7 +32,7 @@ from windowkit.window.plan import common_prefix
 
 torch.set_num_threads(1)
 
-PROFILES = {"default": dict(cost=(240, 60), exact=(40, 40)), "long": dict(cost=(1000, 80), exact=(200, 50)),
+PROFILES = {"default": dict(cost=(320, 60), exact=(40, 40)), "long": dict(cost=(1000, 80), exact=(200, 50)),
             "quick": dict(cost=(8, 20), exact=(4, 15))}
 PROFILE = os.environ.get("WINDOWKIT_TEST_PROFILE", "default")
 if PROFILE not in PROFILES:

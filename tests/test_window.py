@@ -400,9 +400,10 @@ def test_window_with_shared_basis_reuses_rotated_coefficients(llama):
 
 # ---------------------------------------------------------------------------------------------- deferred forming
 def test_default_defers_forming_to_need_or_prefetch(llama):
-    """The default (form="lazy"): admissions at the tail and a recall to the tail with no stored patch are
-    just their conditioned prefills (no canonical encode, no patch); prefetch() forms canonicals and patches
-    between steps, after which the same context recurring costs zero forwards."""
+    """The default (form="lazy"): admissions at the tail and a recall to the tail into a new context are just
+    their conditioned prefills (no canonical encode, no patch); a recall into a context the chunk was prefilled
+    behind before reuses that exact KV (zero forwards); prefetch() forms canonicals and patches between steps,
+    after which the same context recurring in another window costs zero forwards."""
     cs = [text(llama, 10, 1400 + i, f"d{i}") for i in range(4)]
     win = wk.Window(llama, rank=None, fidelity="fast")
     assert win.form == "lazy"
@@ -410,11 +411,18 @@ def test_default_defers_forming_to_need_or_prefetch(llama):
         win.admit(c)
     assert (win.stats.encodes, win.stats.patch_forms) == (1, 0)  # d0's prefill at 0 is its canonical
     win.evict("d2")  # the tail: no survivor behind it
+    f0 = win.stats.forwards
+    win.recall("d2")  # back behind (d0, d1): the exact KV it was prefilled with there, relocated, no forward
+    assert win.stats.forwards == f0
+    assert kl_divergence(reference_logits(llama, cs[:3], QUERY), win.forward(QUERY)) <= 1e-6
+    win.evict("d2")
+    win.admit(cs[3])
     p0, f0 = win.stats.prefill_tokens, win.stats.forwards
-    win.recall("d2")  # back at the tail, no stored patch for its context: its conditioned prefill, exact
+    win.recall("d2")  # behind (d0, d1, d3): a context it never had, no stored patch: its conditioned prefill
     assert win.stats.forwards - f0 == 1 and win.stats.prefill_tokens - p0 == len(cs[2])
     assert (win.stats.encodes, win.stats.patch_forms) == (1, 0)
-    assert kl_divergence(reference_logits(llama, cs[:3], QUERY), win.forward(QUERY)) <= 1e-6
+    assert kl_divergence(reference_logits(llama, [cs[0], cs[1], cs[3], cs[2]], QUERY), win.forward(QUERY)) <= 1e-6
+    win.evict("d3")  # d2 behind (d0, d1) again: its stored conditioned KV makes it exact, free
     done = win.prefetch()
     assert done == {"encodes": 2, "patch_forms": 2}  # d1, d2 encoded once; their patches on (d0,), (d0, d1)
     assert win.prefetch() == {"encodes": 0, "patch_forms": 0}

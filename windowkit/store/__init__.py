@@ -17,7 +17,7 @@ tiers and written through on put, so several processes reuse each other's canoni
 """
 from windowkit.store.backend import EmbeddedBackend, StoreBackend
 from windowkit.store.cold import ColdTierConfig
-from windowkit.store.keys import chunk_key, context_hash, context_root, context_step, orbit_context_hash
+from windowkit.store.keys import chunk_key, conditioned_key, context_hash, context_root, context_step, orbit_context_hash
 from windowkit.store.store import ChunkStore, StoreStats
 
-__all__ = ["EmbeddedBackend", "StoreBackend", "context_root", "context_step", "ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "context_hash", "orbit_context_hash"]
+__all__ = ["EmbeddedBackend", "StoreBackend", "context_root", "context_step", "ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "conditioned_key", "context_hash", "orbit_context_hash"]

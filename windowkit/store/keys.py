@@ -72,4 +72,13 @@ def orbit_context_hash(ids: Sequence[str], prefix: str = "") -> str:
     return _digest(["orbit", prefix, sorted(str(i) for i in ids)])
 
 
-__all__ = ["chunk_key", "context_hash", "context_root", "context_step", "orbit_context_hash"]
+def conditioned_key(key: str, ctx: str) -> str:
+    """Key of a chunk's exact conditioned KV (its prefill behind the context ``ctx``), stored like a canonical at
+    position 0: the chunk-granular entry a radix prefix cache keeps (the same chunk behind the same context).
+
+        conditioned_key(chunk_key(h, fp), context_hash([key_a])) != chunk_key(h, fp)
+    """
+    return _digest(["conditioned", str(key), str(ctx)])
+
+
+__all__ = ["chunk_key", "conditioned_key", "context_hash", "context_root", "context_step", "orbit_context_hash"]

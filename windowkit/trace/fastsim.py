@@ -115,7 +115,7 @@ class _Store:
             raise WindowkitError(f"budget_bytes must be >= 0 or None, got {budget}")
         self.budget = budget
         self.sizes: dict[tuple, int] = {}
-        self.plen: dict[tuple[str, int], int] = {}  # (chunk id, antecedent count) -> fresh patches stored
+        self.plen: dict[tuple[str, int], int] = {}  # (chunk id, antecedent count) -> fresh patches + "x" stored
         self.pinned: set[str] = set()  # chunk ids whose canonical is pinned (the live window)
         self.order: OrderedDict[tuple, None] = OrderedDict()  # unpinned entries, least recently used first
         self.total = self.pinned_bytes = 0
@@ -157,11 +157,11 @@ class _Store:
         self.sizes[eid] = nbytes
         self.total += nbytes
         self.ntok[eid] = ntok
-        if eid[0] == "c":
+        if eid[0] in "cx":
             self.canon_sum += ntok
         else:
             self.patch_sum += ntok
-        if eid[0] == "p":
+        if eid[0] in "px":
             k = (eid[1], len(eid[2]))
             self.plen[k] = self.plen.get(k, 0) + 1
         if budget is not None:
@@ -175,14 +175,14 @@ class _Store:
         nbytes = self.sizes.pop(eid)
         self.total -= nbytes
         ntok = self.ntok.pop(eid)
-        if eid[0] == "c":
+        if eid[0] in "cx":
             self.canon_sum -= ntok
         else:
             self.patch_sum -= ntok
         self.order.pop(eid, None)
         if self.budget is not None and eid[0] == "c" and eid[1] in self.pinned:
             self.pinned_bytes -= nbytes  # only a replaced pinned canonical: victims are never pinned
-        if eid[0] == "p":
+        if eid[0] in "px":
             k = (eid[1], len(eid[2]))
             if self.plen[k] == 1:
                 del self.plen[k]
@@ -218,6 +218,7 @@ class WindowkitFast(Strategy):
         self.vision_cache, self.name = vision_cache, name
         self.cap = bool(cap)
         self.exact_budget = self.rule.full  # Window._exact_budget: no low-rank patch served, no orbit reorder
+        self.keep_cond = mode == "patch" and form == "lazy"  # Window._keep_conditioned / _conditioned
         self.use_patches = not self.exact_budget or rank is None
 
     # ================================================================== run state
@@ -331,15 +332,17 @@ class WindowkitFast(Strategy):
                 self._repair(self.pending)
 
     def _view(self) -> WindowView:
-        sizes, use = self.store.sizes, self.use_patches
+        sizes, use, keep = self.store.sizes, self.use_patches, self.keep_cond
         return WindowView(ids=self.ids, ante=self.ante, tokens=self.tok,
                           has_canonical=lambda cid: ("c", cid) in sizes,
                           has_patch=lambda cid, ante: use and ("p", cid, tuple(ante)) in sizes,
-                          has_orbit=lambda cid, ante: use and ("o", cid, frozenset(ante)) in sizes)
+                          has_orbit=lambda cid, ante: use and ("o", cid, frozenset(ante)) in sizes,
+                          has_exact=lambda cid, ante: keep and ("x", cid, tuple(ante)) in sizes)
 
     def _prefill_route(self, keep: int, want: list[str]) -> None:
         """Window._prefill_route: drop the entries behind the kept prefix (from the tail), one forward of the
         rest of the wanted window over it; the prefilled entries are exact at their starts."""
+        front_exact = all(self.ante[j] == tuple(self.ids[:j]) for j in range(keep))
         while len(self.ids) > keep:
             cid = self.ids.pop()
             self.spans.pop()
@@ -367,6 +370,10 @@ class WindowkitFast(Strategy):
         if keep == 0 and ("c", new[0]) not in self.store.sizes:  # its prefill at 0 is its canonical
             self.encodes += 1
             self.store.put(("c", new[0]), CANON_BYTES_PER_TOKEN * self.tok[new[0]], self.tok[new[0]])
+        if self.keep_cond and front_exact:
+            for i in range(max(keep, 1), len(self.ids)):
+                n = self.tok[self.ids[i]]
+                self.store.put(("x", self.ids[i], self.ante[i]), CANON_BYTES_PER_TOKEN * n, n)
         self.version += 1
         self.prefix_plans += 1
 
@@ -430,6 +437,10 @@ class WindowkitFast(Strategy):
             self._canonical(cid)
             self._placed(cid, start, True)
             return start, ante
+        if ante and self.keep_cond and ("x", cid, ante) in store.sizes:  # Window._conditioned: exact, relocated
+            store.touch(("x", cid, ante))
+            self._placed(cid, start, False)
+            return start, ante
         if not ante:  # its prefill at 0 is its canonical
             if ("c", cid) in store.sizes:
                 store.touch(("c", cid))
@@ -438,6 +449,8 @@ class WindowkitFast(Strategy):
             return 0, ()
         self._forward([cid], False)  # the conditioned forward, kept as the KV
         ids, fa = self.ids, self.ante
+        if self.keep_cond and all(fa[j] == tuple(ids[:j]) for j in range(len(ante))):  # Window._keep_conditioned
+            store.put(("x", cid, ante), CANON_BYTES_PER_TOKEN * n, n)
         if self.form == "eager":
             self._canonical(cid)
             if all(fa[j] == tuple(ids[:j]) for j in range(len(ante))):  # Window._exact_upto: over stale survivors
@@ -497,19 +510,26 @@ class WindowkitFast(Strategy):
                 self._placed(cid, 0, False)
                 self.kvst[0], self.ante[0] = 0, ()
             first = 1
-        if first >= n or not store.plen or not self.use_patches:
+        if first >= n or not store.plen or not (self.use_patches or self.keep_cond):
             return
-        # only a survivor with a stored patch formed behind as many chunks as it has now can hit one
+        # only a survivor with a stored patch (or conditioned KV) formed behind as many chunks as it has now can hit
         cands = sorted(store.plen.keys() & zip(ids[first:], range(first, n)), key=lambda t: t[1])
         for cid, i in cands:
             ante = tuple(ids[:i])
-            if ante == self.ante[i] or ("p", cid, ante) not in store.sizes:
+            if ante == self.ante[i]:
                 continue
-            store.touch(("p", cid, ante))
-            self.applied_tokens += self.tok[cid]
-            self._canonical(cid)
+            if self.use_patches and ("p", cid, ante) in store.sizes:
+                store.touch(("p", cid, ante))
+                self.applied_tokens += self.tok[cid]
+                self._canonical(cid)
+                patched = True
+            elif self.keep_cond and ("x", cid, ante) in store.sizes:
+                store.touch(("x", cid, ante))
+                patched = False
+            else:
+                continue
             start = sum(self.spans[:i])
-            self._placed(cid, start, True)
+            self._placed(cid, start, patched)
             self.kvst[i], self.ante[i] = start, ante
 
     def _repair(self, first: int, upto: Optional[int] = None) -> None:

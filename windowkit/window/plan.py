@@ -173,7 +173,8 @@ class WindowView:
     ids:    entry ids in window order
     ante:   per entry, the ordered antecedent ids its KV's conditioning was formed on
     tokens: tokens of every chunk id the step may place (live, recalled, new)
-    has_canonical(id), has_patch(id, antecedents), has_orbit(id, antecedents): what the store holds
+    has_canonical(id), has_patch(id, antecedents), has_orbit(id, antecedents), has_exact(id, antecedents): what
+            the store holds (has_exact: the chunk's conditioned KV for exactly these antecedents, lazy forming)
     prefix_tokens: tokens of a fixed prefix in front (0: none)
     """
 
@@ -184,6 +185,7 @@ class WindowView:
     has_patch: Callable[[str, tuple], bool]
     has_orbit: Callable[[str, tuple], bool]
     prefix_tokens: int = 0
+    has_exact: Callable[[str, tuple], bool] = lambda cid, ante: False  # its exact conditioned KV for this context
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,8 @@ def _place_tokens(view: WindowView, cid: str, ante: tuple, orbit: bool = False) 
     front = bool(ante) or view.prefix_tokens > 0
     if not front:  # nothing in front: its prefill at 0 is its canonical
         return 0 if view.has_canonical(cid) else n
+    if not orbit and view.has_exact(cid, ante):  # the same chunk behind the same context before: its KV, relocated
+        return 0
     if view.has_patch(cid, ante) or (orbit and view.has_orbit(cid, ante)):
         return 0 if view.has_canonical(cid) else n
     if not orbit:

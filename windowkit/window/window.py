@@ -36,7 +36,8 @@ from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, Windo
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
-from windowkit.store import ChunkStore, chunk_key, context_hash, context_root, context_step, orbit_context_hash
+from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
+                             orbit_context_hash)
 from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, movers_of, repair_rule
 
 Mode = Literal["patch", "blind", "exact"]
@@ -688,6 +689,8 @@ class Window:
             canon = self._canonical(e)
             e.kv, e.kv_start = self._placed(canon, start, patch), start
             self.stats.patch_reuses += 1
+        elif (ante or self.prefix is not None) and (kv0 := self._conditioned(e, ctx)) is not None:
+            e.kv, e.kv_start = self._placed(kv0, start, None), start  # this chunk behind this context before: exact
         elif not ante and self.prefix is None:
             # nothing in front: the chunk's prefill at position 0 *is* its canonical; no patch needed
             if self.store.has_canonical(e.key):
@@ -701,6 +704,8 @@ class Window:
             # keep the conditioned prefill only: no canonical encode, no patch until something needs them
             res = self._run([e.chunk], start, self._kv_upto(idx))
             e.kv, e.kv_start = res.kv, start
+            if self._exact_upto(idx):
+                self._keep_conditioned(e, res.kv, start, ctx)
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
@@ -729,13 +734,16 @@ class Window:
             if c.id not in keys:
                 keys[c.id] = chunk_key(c.content_hash(), fp)
         pk, store, use = self._prefix_key, self.store, self._use_patches
+        lazy = self.form == "lazy" and self.mode == "patch"
         return WindowView(
             ids=self.ids, ante=[e.ante for e in self._entries], tokens=tokens,
             has_canonical=lambda cid: store.has_canonical(keys[cid]),
             has_patch=lambda cid, ante: use and store.has_patch(keys[cid], context_hash([keys[i] for i in ante], prefix=pk)),
             has_orbit=lambda cid, ante: use and store.has_patch(keys[cid], orbit_context_hash([keys[i] for i in ante],
                                                                                              prefix=pk)),
-            prefix_tokens=len(self.prefix) if self.prefix is not None else 0)
+            prefix_tokens=len(self.prefix) if self.prefix is not None else 0,
+            has_exact=lambda cid, ante: lazy and store.has_canonical(
+                conditioned_key(keys[cid], context_hash([keys[i] for i in ante], prefix=pk))))
 
     def _prefill_route(self, keep: int, wanted: Sequence[Chunk]) -> list[tuple[str, str]]:
         """The prefix cache's plan for a step: keep the first ``keep`` entries as they are, drop the rest, and
@@ -772,17 +780,45 @@ class Window:
         for cid in recalled:
             self.last_cascade = self.graph.on_recall(cid, ids)
         starts, off = self.starts(), 0
+        front_exact = self._exact_upto(keep)
         for i in range(keep, len(self._entries)):
             e, n = self._entries[i], len(self._entries[i].chunk)
             kv = res.kv.slice(off, off + n) if res.kv is not None else None
             off += n
-            if i == 0 and self.prefix is None and kv is not None and not self.store.has_canonical(e.key):
-                # nothing in front: its prefill at 0 is its canonical (causal: the rest of the forward is behind it)
-                self.stats.encodes += 1
-                self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(n)})
+            if i == 0 and self.prefix is None:
+                if kv is not None and not self.store.has_canonical(e.key):
+                    # nothing in front: its prefill at 0 is its canonical (causal: the rest is behind it)
+                    self.stats.encodes += 1
+                    self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(n)})
+                self._set_exact(e, kv, starts[i], ())
+                continue
             self._set_exact(e, kv, starts[i], tuple(ids[:i]))
+            if front_exact and kv is not None:
+                self._keep_conditioned(e, kv, starts[i], e.ctx)
         self._version += 1
         return edits
+
+    def _conditioned(self, e: _Entry, ctx: str) -> Optional[ChunkKV]:
+        """The exact conditioned KV of ``e`` behind context ``ctx`` if the store holds it (lazy forming), at 0."""
+        if self.form != "lazy" or self.mode != "patch":
+            return None
+        ck = conditioned_key(e.key, ctx)
+        if not self.store.has_canonical(ck):
+            return None
+        try:
+            kv = self.store.get_canonical(ck, copy=False)  # read-only use: placing makes new tensors
+        except WindowkitError:  # corrupt or vanished: recompute, never serve
+            self.stats.fallbacks += 1
+            return None
+        return kv if kv.num_tokens == len(e.chunk) else None
+
+    def _keep_conditioned(self, e: _Entry, kv: ChunkKV, start: int, ctx: str) -> None:
+        """Store ``e``'s exact conditioned KV for ``ctx`` (relocated to 0): the same chunk behind the same context
+        later (a look-back, an older branch) is a relocation, as a radix prefix cache would serve it."""
+        if self.form != "lazy" or self.mode != "patch":
+            return
+        kv0 = kv if start == 0 or not self._needs_past else kv.relocate(-start, self.backend.rope)
+        self.store.put_canonical(conditioned_key(e.key, ctx), kv0, {"chunk_id": e.id, "context": ctx})
 
     def _exact_upto(self, idx: int) -> bool:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
@@ -855,10 +891,14 @@ class Window:
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
             else:
                 patch = self._get_patch(e.key, ctx)
-                if patch is None or patch.num_tokens != len(e.chunk):
-                    continue  # keep-as-is: relocation only
-                e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
-                self.stats.patch_reuses += 1
+                if patch is not None and patch.num_tokens == len(e.chunk):
+                    e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
+                    self.stats.patch_reuses += 1
+                else:
+                    kv0 = self._conditioned(e, ctx)
+                    if kv0 is None:
+                        continue  # keep-as-is: relocation only
+                    e.kv, e.kv_start = self._placed(kv0, starts[i], None), starts[i]
             e.ctx, e.ante = ctx, ante
             if ante:
                 self.graph.add_patch(e.id, ctx, ante, "fresh", 0, len(e.chunk))
