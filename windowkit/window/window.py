@@ -733,8 +733,7 @@ class Window:
             tokens.setdefault(c.id, len(c))
             if c.id not in keys:
                 keys[c.id] = chunk_key(c.content_hash(), fp)
-        pk, store, use = self._prefix_key, self.store, self._use_patches
-        lazy = self.form == "lazy" and self.mode == "patch"
+        pk, store, use, lazy = self._prefix_key, self.store, self._use_patches, self._keeps_conditioned
         return WindowView(
             ids=self.ids, ante=[e.ante for e in self._entries], tokens=tokens,
             has_canonical=lambda cid: store.has_canonical(keys[cid]),
@@ -765,10 +764,9 @@ class Window:
         start = self.next_position
         res = self._run(new, start, self._kv_upto(keep))
         self.stats.prefix_plans += 1
-        recalled, fresh = [], []
+        recalled = [c.id for c in new if c.id in self._known]
         fp = self.backend.fingerprint()
         for c in new:
-            (recalled if c.id in self._known else fresh).append(c.id)
             edits.append(("recall" if c.id in self._known else "admit", c.id))
             self._known[c.id] = c
             self._evicted.pop(c.id, None)
@@ -798,9 +796,14 @@ class Window:
         self._version += 1
         return edits
 
+    @property
+    def _keeps_conditioned(self) -> bool:
+        """Lazy forming in patch mode keeps each chunk's exact conditioned KV by context (``conditioned_key``)."""
+        return self.form == "lazy" and self.mode == "patch"
+
     def _conditioned(self, e: _Entry, ctx: str) -> Optional[ChunkKV]:
         """The exact conditioned KV of ``e`` behind context ``ctx`` if the store holds it (lazy forming), at 0."""
-        if self.form != "lazy" or self.mode != "patch":
+        if not self._keeps_conditioned:
             return None
         ck = conditioned_key(e.key, ctx)
         if not self.store.has_canonical(ck):
@@ -815,7 +818,7 @@ class Window:
     def _keep_conditioned(self, e: _Entry, kv: ChunkKV, start: int, ctx: str) -> None:
         """Store ``e``'s exact conditioned KV for ``ctx`` (relocated to 0): the same chunk behind the same context
         later (a look-back, an older branch) is a relocation, as a radix prefix cache would serve it."""
-        if self.form != "lazy" or self.mode != "patch":
+        if not self._keeps_conditioned:
             return
         kv0 = kv if start == 0 or not self._needs_past else kv.relocate(-start, self.backend.rope)
         self.store.put_canonical(conditioned_key(e.key, ctx), kv0, {"chunk_id": e.id, "context": ctx})
