@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from windowkit.benchmarks import real_tasks as rt
-from windowkit.benchmarks.real import TextCodec, greedy_answer, number_done, prefix_cache_tokens
+from windowkit.benchmarks.real import Answer, TextCodec, greedy_answer, number_done, prefix_cache_tokens
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
 from windowkit.kv.layout import concat
@@ -192,7 +192,9 @@ class TextReaderAgent:
             t0 = time.perf_counter()
             p0 = win.stats.prefill_tokens
             win.assign(want)
-            a = greedy_answer(self.backend, win.window_kv(), win.next_position, q, self.max_new, self.codec.eos, stop)
+            # the step's deferred work (survivor repair, the new entry's prefill) runs with the question: one forward
+            a = Answer(None, win.generate(q, self.max_new, self.codec.eos, stop=stop), 0.0)
+            a.logits = win.last_logits
             ms = (time.perf_counter() - t0) * 1e3
             tokens = win.stats.prefill_tokens - p0 + len(q)
             # exact re-prefill

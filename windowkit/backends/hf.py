@@ -200,12 +200,23 @@ class HFBackend:
 
     # ------------------------------------------------------------------ the forward primitive
     def make_cache(self, past: Optional[ChunkKV]) -> Any:
+        """A transformers ``DynamicCache`` holding ``past``. Its layers hold views of ``past``'s tensors (no
+        copy: ``DynamicCache(data)`` would copy the whole window once more before the forward copies it again);
+        transformers' cache never writes into them in place (``update`` concatenates into new tensors)."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
+        cache = DynamicCache()
         if past is None or past.num_tokens == 0:
-            return DynamicCache()
+            return cache
         self.check_kv(past)
-        return DynamicCache([(a[None], b[None]) for a, b in past.layers])
+        for a, b in past.layers:
+            layer = DynamicLayer()
+            k, v = a[None], b[None]
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+            cache.layers.append(layer)
+        return cache
 
     def check_kv(self, kv: ChunkKV) -> None:
         if kv.layout != self.layout:
@@ -273,7 +284,7 @@ class HFBackend:
         return self.model_type in RECOMPUTE_FAMILIES
 
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
-                  offsets: Sequence[torch.Tensor]) -> list[ChunkKV]:
+                  offsets: Sequence[torch.Tensor], *, return_logits: bool = False):
         """CacheBlend-style selective recompute: ONE forward over the chosen tokens at their own positions.
 
         past:    the window KV from position 0 (prefix + chunks, storage index == position) covering at
@@ -285,7 +296,13 @@ class HFBackend:
         Each chosen token attends to the stale KV of every unchosen token before it (and the prefix) and,
         causally, to the fresh KV of the chosen tokens before it (a 4-D mask; position ids explicit). With
         every token after some position chosen this is exactly a prefill of them over the KV in front.
-        Returns, per chunk, the fresh KV of its chosen tokens (``ChunkKV`` with their positions).
+        Past entries no chosen token reads (after the last unchosen entry before the last chosen token) are cut
+        off; when the chosen tokens are then every token from the cut on, the forward is a plain prefill (no 4-D
+        mask: transformers' own causal path, e.g. repair "all"). Chosen tokens may also continue ``past`` at its
+        end (positions ``past.num_tokens``, +1, ... without a gap: a new chunk admitted at the tail, a query), so
+        a repair, the next admission and a query can run as ONE forward. Returns, per chunk, the fresh KV of its
+        chosen tokens (``ChunkKV`` with their positions); with ``return_logits=True`` ``(kvs, logits)``, the
+        next-token logits [vocab] of the last chosen token.
         """
         if not self.supports_recompute:
             raise UnsupportedModelError(f"selective recompute is not exact for {self.model_type!r} "
@@ -309,24 +326,37 @@ class HFBackend:
         if bool((sel[1:] <= sel[:-1]).any()):
             raise ChunkError("recompute: chosen positions must increase in window order")
         s_len = 0 if past is None else past.num_tokens
-        if s_len < int(sel.max()):
-            raise ChunkError(f"recompute: past covers {s_len} positions, a chosen token sits at {int(sel.max())}")
+        beyond = sel[sel >= s_len]  # an append at the end of past: s_len, s_len + 1, ... with no gap
+        if beyond.numel() and not torch.equal(beyond, torch.arange(s_len, s_len + beyond.numel())):
+            raise ChunkError(f"recompute: past covers {s_len} positions; chosen tokens beyond it must continue it "
+                             f"without a gap, got positions {beyond[:4].tolist()}...")
         q = int(sel.numel())
         kv_pos = torch.arange(s_len)
         chosen = torch.zeros(s_len, dtype=torch.bool)
         chosen[sel[sel < s_len]] = True
-        allowed = torch.zeros(q, s_len + q, dtype=torch.bool)
-        allowed[:, :s_len] = (kv_pos[None] < sel[:, None]) & ~chosen[None]  # stale KV of unchosen tokens before
-        allowed[:, s_len:] = sel[None] <= sel[:, None]  # fresh KV of chosen tokens, causally
-        mask = torch.zeros(1, 1, q, s_len + q, dtype=self.dtype)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        # Only unchosen entries before the last chosen position are ever read. The past after the last of them is
+        # either chosen (stale, masked) or behind every chosen token: cut it off, the forward attends over less.
+        readable = (~chosen & (kv_pos < int(sel.max()))).nonzero()
+        cut = int(readable[-1]) + 1 if readable.numel() else 0
+        if cut < s_len:
+            past = past.slice(0, cut) if cut > 0 else None
+            kv_pos, chosen = kv_pos[:cut], chosen[:cut]
+        mask = None
+        if not torch.equal(sel, torch.arange(cut, cut + q)):  # else every token from `cut` on: a plain prefill
+            allowed = torch.zeros(q, cut + q, dtype=torch.bool)
+            allowed[:, :cut] = (kv_pos[None] < sel[:, None]) & ~chosen[None]  # stale KV of unchosen tokens before
+            allowed[:, cut:] = sel[None] <= sel[:, None]  # fresh KV of chosen tokens, causally
+            mask = torch.zeros(1, 1, q, cut + q, dtype=self.dtype)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            mask = mask.to(self.device)
+        s_len = cut
         cache = self.make_cache(past)
         kw = {self.adapter.cache_kw: cache, "use_cache": True}
         if self.adapter.has_logits_to_keep:
             kw["logits_to_keep"] = 1
         with torch.no_grad():
             out = self.model(inputs_embeds=torch.cat(embs, 0)[None], position_ids=sel[None].to(self.device),
-                             attention_mask=mask.to(self.device), **kw)
+                             attention_mask=mask, **kw)
         cache = getattr(out, "cache", None) or out.past_key_values
         self.stats.forwards += 1
         self.stats.forward_tokens += q
@@ -335,6 +365,8 @@ class HFBackend:
         for n in counts:
             outs.append(ChunkKV([(a[:, o:o + n], b[:, o:o + n]) for a, b in layers], self.layout, sel[None, o:o + n]))
             o += n
+        if return_logits:
+            return outs, out.logits[0, -1].float()
         return outs
 
     # ------------------------------------------------------------------ self-check

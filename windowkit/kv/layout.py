@@ -16,7 +16,7 @@ from typing import Iterable, Literal, Optional, Sequence
 import torch
 
 from windowkit.errors import KVShapeError
-from windowkit.kv.rope import Delta, RopeSpec, relocate_keys, shift_positions
+from windowkit.kv.rope import Delta, RopeSpec, relocate_keys_many, shift_positions
 
 Family = Literal["gqa", "mla"]
 
@@ -89,10 +89,11 @@ class ChunkKV:
     def relocate(self, delta: Delta, spec: RopeSpec) -> "ChunkKV":
         """R(delta) on the rope slot; the other slot is shared, not copied (it never changes)."""
         r = self.layout.rope_slot
+        moved = relocate_keys_many([pair[r] for pair in self.layers], delta, spec, self.positions)  # one rotation
         out = []
-        for pair in self.layers:
+        for pair, k in zip(self.layers, moved):
             p = list(pair)
-            p[r] = relocate_keys(pair[r], delta, spec, self.positions)
+            p[r] = k
             out.append((p[0], p[1]))
         pos = None if self.positions is None else shift_positions(self.positions, delta)
         return ChunkKV(out, self.layout, pos)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
+from json.encoder import encode_basestring_ascii
 from typing import Sequence
 
 KEY_HEX = 32
@@ -25,22 +27,30 @@ def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, separators=(",", ":")).encode()).hexdigest()[:KEY_HEX]
 
 
+def _digest_strs(*items: str) -> str:
+    """``_digest(list(items))`` for a flat list of strings, byte for byte the same JSON, without json.dumps's
+    generic machinery (a Window hashes a context step per survivor per edit: this is its hot path)."""
+    text = "[" + ",".join(map(encode_basestring_ascii, items)) + "]"
+    return hashlib.sha256(text.encode()).hexdigest()[:KEY_HEX]
+
+
 def chunk_key(content_hash: str, model_fingerprint: str | None) -> str:
     """Key of a chunk's canonical KV: its content hash bound to the model that encoded it.
 
         chunk_key(Chunk.text(ids).content_hash(), backend.fingerprint())
     """
-    return _digest(["chunk", str(content_hash), model_fingerprint or ""])
+    return _digest_strs("chunk", str(content_hash), model_fingerprint or "")
 
 
 def context_root(prefix: str = "") -> str:
     """Hash of the empty context after ``prefix`` (the start of the chain ``context_hash`` walks)."""
-    return _digest(["ctx", prefix])
+    return _digest_strs("ctx", str(prefix))
 
 
+@lru_cache(maxsize=1 << 16)  # pure: the same (context, key) pairs recur on every edit of a window
 def context_step(prev: str, key: str) -> str:
     """The context hash one antecedent further: chained, so a window hashes all its contexts in O(n)."""
-    return _digest([prev, str(key)])
+    return _digest_strs(str(prev), str(key))
 
 
 def context_hash(ids: Sequence[str], prefix: str = "") -> str:
@@ -78,7 +88,12 @@ def conditioned_key(key: str, ctx: str) -> str:
 
         conditioned_key(chunk_key(h, fp), context_hash([key_a])) != chunk_key(h, fp)
     """
-    return _digest(["conditioned", str(key), str(ctx)])
+    return _conditioned_key(str(key), str(ctx))
+
+
+@lru_cache(maxsize=1 << 16)
+def _conditioned_key(key: str, ctx: str) -> str:
+    return _digest_strs("conditioned", key, ctx)
 
 
 __all__ = ["chunk_key", "conditioned_key", "context_hash", "context_root", "context_step", "orbit_context_hash"]

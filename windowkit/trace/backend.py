@@ -92,6 +92,7 @@ class CostModelBackend:
         self.vision_cache = vision_cache
         self._seen_visual: set[str] = set()
         self._forwarded: set[str] = set()
+        self._zero_kv: dict[int, ChunkKV] = {}
 
     # ------------------------------------------------------------------ chunks from trace ids
     @staticmethod
@@ -132,9 +133,8 @@ class CostModelBackend:
         self.ledger.forwards += 1
         self.stats.forwards += 1
         self.stats.forward_tokens += n
-        z = torch.zeros(1, n, 2)
         # positions=None: relocation then uses the plain δ·inv_freq angle (fewer torch ops; the fake KV is zeros)
-        return ForwardResult(ChunkKV([(z, z)], LAYOUT, None), torch.zeros(VOCAB), counts, counts)
+        return ForwardResult(self._zeros(n), torch.zeros(VOCAB), counts, counts)
 
     def encode(self, chunk: Chunk) -> ChunkKV:
         return self.forward([chunk], 0).kv
@@ -142,10 +142,10 @@ class CostModelBackend:
     supports_recompute = True
 
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
-                  offsets: Sequence[torch.Tensor]) -> list[ChunkKV]:
+                  offsets: Sequence[torch.Tensor], **kw) -> list[ChunkKV]:
         """HFBackend.recompute's cost: one forward of the chosen tokens, booked as prefill tokens (no vision:
         their embeddings are cached). Returns zero KV for them."""
-        counts = [int(torch.as_tensor(o).numel()) for o in offsets]
+        counts = [len(o) for o in offsets]
         n = sum(counts)
         if n < 1:
             raise ChunkError("recompute: no token chosen")
@@ -154,7 +154,17 @@ class CostModelBackend:
         self.ledger.forwards += 1
         self.stats.forwards += 1
         self.stats.forward_tokens += n
-        return [ChunkKV([(torch.zeros(1, k, 2), torch.zeros(1, k, 2))], LAYOUT, None) for k in counts]
+        if kw.get("return_logits"):
+            return [self._zeros(k) for k in counts], torch.zeros(VOCAB)
+        return [self._zeros(k) for k in counts]
+
+    def _zeros(self, n: int) -> ChunkKV:
+        """A shared zero KV of ``n`` tokens: the Window never writes into a backend's KV (edits make new tensors)."""
+        kv = self._zero_kv.get(n)
+        if kv is None:
+            z = torch.zeros(1, n, 2)
+            kv = self._zero_kv[n] = ChunkKV([(z, z)], LAYOUT, None)
+        return kv
 
     def make_cache(self, past: Optional[ChunkKV]) -> Optional[ChunkKV]:
         """No model runtime here: the 'cache' is the spliced ChunkKV itself."""

@@ -93,6 +93,7 @@ class _Entry:
     kv_start: int = 0
     ctx: str = ""  # context hash the KV's conditioning was formed on
     ante: tuple[str, ...] = ()  # ordered antecedent chunk ids at formation
+    pending: bool = False  # a tail admission whose conditioned prefill waits for the next read (Window._settle)
 
     @property
     def id(self) -> str:
@@ -171,6 +172,13 @@ class Window:
         self.last_choice = None  # the last StepChoice of assign / reorder (windowkit.window.plan)
         self._repair_pending: Optional[int] = None  # assign batches its evictions' repairs into one
         self._repair_batching = False
+        # deferred work (real backends with selective recompute, lazy patch mode): the survivor repair after an
+        # eviction and the conditioned prefill of tail admissions wait for the next read of the window, where they
+        # run with the query as ONE forward (``_settle``); any other edit settles them first
+        self._deferred_repair: Optional[int] = None  # first index whose stale survivors await repair
+        self._defer_work = True  # False runs each edit's forwards at once (same tokens, same KV; tests compare)
+        self._deferred_tail = 0  # the last entries are admissions awaiting their conditioned prefill
+        self.last_logits: Optional[torch.Tensor] = None  # next-token logits of the last forward / generate query
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
         self.graph = DependencyGraph(cost_model=self.cost_model)
         self.last_cascade: Optional[Cascade] = None
@@ -255,6 +263,8 @@ class Window:
         """
         if not self._entries:
             raise ChunkNotFoundError("evict from an empty window")
+        if self._deferred_tail:
+            self._settle()  # a pending admission is conditioned on the window as it was when admitted
         if which == "head":
             idx = 0
         elif which == "tail":
@@ -278,7 +288,7 @@ class Window:
                 self._recondition_survivors(idx)
             else:
                 self._refresh_known(idx)
-                self._repair(idx)  # before the next admit: a chunk admitted next sees repaired survivors
+                self._repair_later(idx)  # before the next admit's prefill: it sees repaired survivors
         return e.id
 
     def recall(self, chunk_id: str, at: Optional[int] = None) -> str:
@@ -323,6 +333,7 @@ class Window:
             raise WindowkitError(f"reorder needs a permutation of the window's ids {self.ids}, got {ids}")
         if ids == self.ids:
             return
+        self._settle()
         self._reorder(ids, capped=True)
 
     def _reorder(self, ids: list[str], capped: bool) -> None:
@@ -368,6 +379,7 @@ class Window:
                                  "give new content a new id")
         if want_ids == self.ids:
             return []
+        self._settle()
         if self._capped():
             choice = choose_step(self._view(wanted), want_ids, self.repair)
             self.last_choice = choice
@@ -392,7 +404,7 @@ class Window:
             self._repair_batching, first = False, self._repair_pending
             self._repair_pending = None
         if first is not None:
-            self._repair(first)
+            self._repair_later(first)
         # the inserts' repairs also run once, after the last insert (an insert is conditioned on the KV in front
         # of it as it is then; the chunks behind the first insert are repaired together at the end)
         self._repair_batching, self._repair_pending = True, None
@@ -414,8 +426,19 @@ class Window:
         return edits
 
     # ================================================================== reading the window
+    def flush(self) -> None:
+        """Run deferred work now. An eviction's survivor repair and a tail admission's conditioned prefill wait
+        for the next read of the window (``forward``, ``generate``, ``window_kv``) or the next other edit, and
+        run there as one forward with the query; call this to pay for them earlier, e.g. between steps.
+
+            win.evict("head"); win.admit(chunk)   # nothing run yet
+            win.flush()                            # the repair and the admission: one forward
+        """
+        self._settle()
+
     def plan(self) -> list[Edit]:
         """Edits ``materialize`` will run now, with estimated ms and bytes (no tensor work)."""
+        self._settle()
         ms_tok = self._ms_per_token or 0.0
         edits: list[Edit] = []
         if self.mode == "exact":
@@ -445,6 +468,7 @@ class Window:
 
     def window_kv(self) -> Optional[ChunkKV]:
         """The window's KV (prefix + chunks, window order) as one ChunkKV."""
+        self._settle()
         if self.mode == "exact":
             return self._exact_kv()
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
@@ -461,29 +485,46 @@ class Window:
         return self.window_kv()
 
     def forward(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk]) -> torch.Tensor:
-        """Next-token logits [vocab] of the last query token after the window. The window is unchanged."""
+        """Next-token logits [vocab] of the last query token after the window. The window's contents are unchanged;
+        deferred work (a pending repair, pending tail admissions) runs in the same forward as the query."""
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
-        past = self._query_past()
-        res = self.backend.forward([q], self.next_position, past)
+        fused = self._settle(q)
+        if fused is not None:
+            logits = fused[0]
+        else:
+            past = self._query_past()
+            logits = self.backend.forward([q], self.next_position, past).logits
         self.backend.forget(q)
-        return res.logits
+        self.last_logits = logits
+        return logits
 
     def generate(self, query_ids: Union[Sequence[int], torch.Tensor], max_new_tokens: int = 64,
-                 eos_token_id: Optional[int] = None) -> list[int]:
-        """Greedy decode after the window (the window is unchanged). Returns the new token ids."""
+                 eos_token_id: Optional[int] = None, stop: Optional[Any] = None) -> list[int]:
+        """Greedy decode after the window (the window is unchanged). Returns the new token ids; ``stop(tokens)``
+        (optional) ends decoding when it returns True; ``last_logits`` holds the first token's logits.
+
+            tokens = win.generate(question_ids, max_new_tokens=8, eos_token_id=tok.eos_token_id)
+        """
         ids = torch.as_tensor(query_ids, dtype=torch.long).reshape(-1)
-        past = self.window_kv()
+        step = Chunk.text(ids, id="__gen__")
         pos = self.next_position
         out: list[int] = []
-        step = Chunk.text(ids, id="__gen__")
-        for _ in range(int(max_new_tokens)):
-            res = self.backend.forward([step], pos, past)
+        fused = self._settle(step) if max_new_tokens > 0 else None
+        past = self.window_kv()
+        for k in range(int(max_new_tokens)):
+            if k == 0 and fused is not None:  # the query already ran with the deferred work
+                logits, kv, span = fused[0], fused[1], len(step)
+            else:
+                res = self.backend.forward([step], pos, past)
+                logits, kv, span = res.logits, res.kv, res.spans[0]
             self.backend.forget(step)
-            past = res.kv if past is None else concat([past, res.kv])
-            pos += res.spans[0]
-            tok = int(res.logits.argmax())
+            if k == 0:
+                self.last_logits = logits
+            past = kv if past is None else concat([past, kv])
+            pos += span
+            tok = int(logits.argmax())
             out.append(tok)
-            if eos_token_id is not None and tok == eos_token_id:
+            if (eos_token_id is not None and tok == eos_token_id) or (stop is not None and stop(out)):
                 break
             step = Chunk.text(torch.tensor([tok]), id="__gen__")
         return out
@@ -496,6 +537,7 @@ class Window:
         fork is copy-on-write). ``clean=True`` gives the context-clean view: every chunk holds its
         relocated canonical, no conditioning; ``recondition()`` adds it back (stored patches first).
         """
+        self._settle()
         other = Window.__new__(Window)
         other.__dict__.update(self.__dict__)
         other.stats = WindowStats()
@@ -529,6 +571,7 @@ class Window:
         """
         if self.mode != "patch":
             return []
+        self._settle()
         ids = self.ids
         stale = [(divergence(e.ante, ids[:i]), i) for i, e in enumerate(self._entries) if e.ante != tuple(ids[:i])]
         if limit is not None:
@@ -554,6 +597,7 @@ class Window:
             win.assign(chunks); logits = win.forward(q)   # the step
             win.prefetch()                                 # idle time: canonicals + patches
         """
+        self._settle()
         e0, f0 = self.stats.encodes, self.stats.patch_forms
         if self.mode == "exact":
             return {"encodes": 0, "patch_forms": 0}
@@ -577,6 +621,7 @@ class Window:
         """Appendix E's test: drop the chunk's conditioning (use its relocated canonical) and check whether
         the next-token decision for ``query_ids`` is unchanged. True: its conditioning is not load-bearing
         for this query. Costs one canonical placement and two query forwards; the window is unchanged."""
+        self._settle()
         idx = self._index(chunk_id)
         if self.mode == "exact":
             raise WindowkitError("is_disposable needs per-chunk KV: use mode 'patch' or 'blind'")
@@ -657,6 +702,8 @@ class Window:
             idx += n + 1
         if not 0 <= idx <= n:
             raise WindowkitError(f"position {at} outside 0..{n}")
+        if idx < n:
+            self._settle()  # an insert in front of deferred work: run that work first
         key = chunk_key(chunk.content_hash(), self.backend.fingerprint())
         self._keys[chunk.id] = key
         self.store.pin(key)  # the live window's canonicals are never evicted from the store
@@ -668,7 +715,11 @@ class Window:
             if self.mode == "blind":
                 canon = self._canonical(e)
                 e.kv, e.kv_start = self._placed(canon, start, None), start
+            elif idx == n and self._defers_admission(e, ante):
+                e.pending, e.kv_start = True, start  # its conditioned prefill runs at the next read (_settle)
+                self._deferred_tail += 1
             else:
+                self._settle()  # behind a pending admission: it runs first (this one needs no forward)
                 self._condition(e, idx, start, ante)
         if idx == n:
             self._entries.append(e)
@@ -734,15 +785,27 @@ class Window:
             if c.id not in keys:
                 keys[c.id] = chunk_key(c.content_hash(), fp)
         pk, store, use, lazy = self._prefix_key, self.store, self._use_patches, self._keeps_conditioned
+        memo: dict[tuple, str] = {(): context_root(pk)}
+
+        def ctx(ante: tuple) -> str:  # chained: the contexts asked for are mostly prefixes of one another
+            h = memo.get(ante)
+            if h is None:
+                k = len(ante) - 1
+                while ante[:k] not in memo:
+                    k -= 1
+                h = memo[ante[:k]]
+                for j in range(k, len(ante)):
+                    h = memo[ante[:j + 1]] = context_step(h, keys[ante[j]])
+            return h
+
         return WindowView(
             ids=self.ids, ante=[e.ante for e in self._entries], tokens=tokens,
             has_canonical=lambda cid: store.has_canonical(keys[cid]),
-            has_patch=lambda cid, ante: use and store.has_patch(keys[cid], context_hash([keys[i] for i in ante], prefix=pk)),
+            has_patch=lambda cid, ante: use and store.has_patch(keys[cid], ctx(tuple(ante))),
             has_orbit=lambda cid, ante: use and store.has_patch(keys[cid], orbit_context_hash([keys[i] for i in ante],
                                                                                              prefix=pk)),
             prefix_tokens=len(self.prefix) if self.prefix is not None else 0,
-            has_exact=lambda cid, ante: lazy and store.has_canonical(
-                conditioned_key(keys[cid], context_hash([keys[i] for i in ante], prefix=pk))))
+            has_exact=lambda cid, ante: lazy and store.has_canonical(conditioned_key(keys[cid], ctx(tuple(ante)))))
 
     def _prefill_route(self, keep: int, wanted: Sequence[Chunk]) -> list[tuple[str, str]]:
         """The prefix cache's plan for a step: keep the first ``keep`` entries as they are, drop the rest, and
@@ -886,7 +949,7 @@ class Window:
             e = entries[i]
             ctx, h = h, context_step(h, e.key)
             ante = tuple(ids[:i])
-            if ante == e.ante:
+            if ante == e.ante or e.pending:
                 continue
             if not ante and self.prefix is None:
                 if self.form == "lazy" and not self.store.has_canonical(e.key):
@@ -959,12 +1022,10 @@ class Window:
         if first >= n:
             return
         ids = [x.id for x in entries]
-        stale = [i for i in range(first, n if upto is None else min(n, upto))
-                 if len(entries[i].ante) != i or entries[i].ante != tuple(ids[:i])]
+        stale = self._stale(entries, ids, first, n if upto is None else min(n, upto))
         if not stale:
             return
-        counts = self.repair.counts([len(entries[i].chunk) for i in stale])
-        pairs = [(i, k) for i, k in zip(stale, counts) if k > 0]
+        pairs = self._repair_pairs(entries, stale)
         if not pairs:
             return
         starts = self.starts()
@@ -987,17 +1048,117 @@ class Window:
         past = concat(parts) if (self._needs_past and parts) else None
         total = sum(k for _, k in pairs)
         res = self.backend.recompute(past, [entries[i].chunk for i, _ in pairs], [starts[i] for i, _ in pairs],
-                                     [torch.arange(k) for _, k in pairs])
+                                     [range(k) for _, k in pairs])
         self.stats.forwards += 1
         self.stats.prefill_tokens += total
         self.stats.repaired_tokens += total
-        for (i, k), new in zip(pairs, res):
+        self._write_repair(entries, ids, starts, pairs, full, res)
+
+    def _stale(self, entries: list[_Entry], ids: list[str], first: int, upto: int) -> list[int]:
+        """Indices in ``first..upto-1`` whose KV was formed on other antecedents than they have now."""
+        return [i for i in range(first, upto) if not entries[i].pending
+                and (len(entries[i].ante) != i or entries[i].ante != tuple(ids[:i]))]
+
+    def _repair_pairs(self, entries: list[_Entry], stale: list[int]) -> list[tuple[int, int]]:
+        """(index, tokens to recompute from its start) per stale survivor, by the repair rule."""
+        counts = self.repair.counts([len(entries[i].chunk) for i in stale])
+        return [(i, k) for i, k in zip(stale, counts) if k > 0]
+
+    def _write_repair(self, entries: list[_Entry], ids: list[str], starts: list[int], pairs: list[tuple[int, int]],
+                      full: set[int], fresh: Sequence[ChunkKV]) -> None:
+        """Write a repair's fresh KV back: a wholly recomputed survivor is exact from now on, a partly
+        repaired one gets its first k tokens fresh and keeps the rest (e.kv already sits at starts[i])."""
+        for (i, k), new in zip(pairs, fresh):
             e = entries[i]
             if i in full:
                 self._set_exact(e, new if self._needs_past else e.kv, starts[i], tuple(ids[:i]))
-            elif self._needs_past:  # the first k tokens fresh, the rest stale (e.kv already sits at starts[i])
+            elif self._needs_past:
                 e.kv = ChunkKV([(torch.cat([a, x[:, k:]], 1), torch.cat([b, y[:, k:]], 1))
                                 for (a, b), (x, y) in zip(new.layers, e.kv.layers)], e.kv.layout, e.kv.positions)
+
+    # ------------------------------------------------------------------ deferred work, run as one forward
+    @property
+    def _fuses(self) -> bool:
+        """Deferred work applies: lazy patch mode on a real backend that recomputes selected tokens (text LLMs).
+        A cost-model backend books the same tokens eagerly (it charges per token, not per forward)."""
+        return (self._defer_work and self.mode == "patch" and self.form == "lazy" and not self.removal_patches and self.cascade == "plan"
+                and self._needs_past and bool(getattr(self.backend, "supports_recompute", False)))
+
+    def _repair_later(self, first: int) -> None:
+        """The survivor repair from index ``first`` on: deferred to the next read where that applies, else now."""
+        if self._fuses and not self._repair_batching and not self.repair.is_none:
+            self._deferred_repair = first if self._deferred_repair is None else min(self._deferred_repair, first)
+        else:
+            self._repair(first)
+
+    def _defers_admission(self, e: _Entry, ante: tuple[str, ...]) -> bool:
+        """A tail admission waits for the next read when it would need a conditioned forward now (no stored
+        patch or conditioned KV for its context, something in front of it) and nothing else is batched."""
+        if not self._fuses or (self._repair_pending is not None and self._repair_pending < len(self._entries)):
+            return False
+        if len(e.chunk) != e.span or not len(e.chunk) or (not ante and self.prefix is None):
+            return False  # a span != its tokens, or the head (its prefill is its canonical): not deferred
+        ctx = self._ctx(ante)
+        if self.store.has_patch(e.key, ctx) and self._use_patches:
+            return False
+        return not self.store.has_canonical(conditioned_key(e.key, ctx))
+
+    def _settle(self, query: Optional[Chunk] = None) -> Optional[tuple[torch.Tensor, ChunkKV]]:
+        """Run the deferred work now as ONE ``backend.recompute``: the pending repair's chosen survivor tokens (at
+        their positions, over the stale KV of the rest), every pending tail admission wholly (a plain continuation
+        of the window) and ``query`` behind them. The same tokens, attending to the same KV, as the repair forward,
+        then each admission's prefill, then the query's forward would: one forward instead of three.
+
+        Returns ``(logits, query_kv)`` when ``query`` rode along, else None (also when nothing was deferred).
+        """
+        first, tail = self._deferred_repair, self._deferred_tail
+        if first is None and not tail:
+            return None
+        self._deferred_repair, self._deferred_tail = None, 0
+        entries = list(self._entries)
+        n = len(entries)
+        t = n - tail  # entries[t:] are the pending admissions
+        ids = [x.id for x in entries]
+        starts = self.starts()
+        pairs = [] if first is None else self._repair_pairs(entries, self._stale(entries, ids, first, t))
+        if not pairs and not tail:
+            return None
+        full = {i for i, k in pairs if k == len(entries[i].chunk)}
+        chunks = [entries[i].chunk for i, _ in pairs] + [x.chunk for x in entries[t:]]
+        at = [starts[i] for i, _ in pairs] + starts[t:]
+        offsets = [range(k) for _, k in pairs] + [range(len(x.chunk)) for x in entries[t:]]
+        if query is not None:
+            chunks, at, offsets = chunks + [query], at + [self.next_position], offsets + [range(len(query))]
+        parts = [self._prefix_kv] if self._prefix_kv is not None else []
+        for j in range(t):  # the window in front of the admissions (a wholly recomputed survivor is masked)
+            parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
+        t0 = time.perf_counter()
+        out = self.backend.recompute(concat(parts) if parts else None, chunks, at, offsets,
+                                     return_logits=query is not None)
+        fresh, logits = out if query is not None else (out, None)
+        repaired, admitted = sum(k for _, k in pairs), sum(len(x.chunk) for x in entries[t:])
+        self.stats.forwards += 1
+        self.stats.prefill_tokens += repaired + admitted
+        self.stats.repaired_tokens += repaired
+        rate = (time.perf_counter() - t0) * 1e3 / max(repaired + admitted + (len(query) if query is not None else 0), 1)
+        self._ms_per_token = rate if self._ms_per_token is None else 0.8 * self._ms_per_token + 0.2 * rate
+        self.cost_model.ms_per_token = self._ms_per_token
+        self._write_repair(entries, ids, starts, pairs, full, fresh[:len(pairs)])
+        for i, kv in zip(range(t, n), fresh[len(pairs):]):
+            e = entries[i]
+            ante = tuple(ids[:i])
+            ctx = self._ctx(ante)
+            e.pending, e.kv, e.kv_start = False, kv, starts[i]
+            if self._exact_upto(i):
+                self._keep_conditioned(e, kv, starts[i], ctx)
+            e.ctx, e.ante = ctx, ante
+            if ante:
+                self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * len(e.chunk),
+                                     len(e.chunk))
+            else:
+                self.graph.add_chunk(e.id, len(e.chunk))
+                self.graph.set_current(e.id, None)
+        return (logits, fresh[-1]) if query is not None else None
 
     def _set_exact(self, e: _Entry, kv: Optional[ChunkKV], start: int, ante: tuple[str, ...]) -> None:
         """``e`` now holds KV exactly conditioned on ``ante`` at ``start``."""
@@ -1018,6 +1179,8 @@ class Window:
         return concat(parts) if parts else None
 
     def _kv_at(self, e: _Entry, start: int) -> ChunkKV:
+        if e.pending:  # a read of a deferred admission runs the deferred work first
+            self._settle()
         if e.kv is None:
             raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
         if e.kv_start != start:

@@ -204,6 +204,15 @@ class SGLangBackend:
     def encode(self, chunk: Chunk) -> ChunkKV:
         return self.forward([chunk], 0).kv
 
+    @property
+    def supports_recompute(self) -> bool:
+        return bool(getattr(self.kv_backend, "supports_recompute", False))
+
+    def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
+                  offsets: Sequence[torch.Tensor], **kw: Any):
+        """Selective recompute (survivor repair, the Window's deferred step): on ``kv_backend``, like ``forward``."""
+        return self.kv_backend.recompute(past, chunks, starts, offsets, **kw)
+
     # ------------------------------------------------------------------ serving through SGLang
     def request(self, window: Any, query_ids: Sequence[int], *, sampling_params: Optional[dict] = None,
                 **generate_kwargs: Any) -> tuple[WindowPlan, dict]:
