@@ -281,3 +281,26 @@ def test_bad_vision_inputs_raise(vl):
                         video_grid_thw=vid.video_grid_thw, second_per_grid_ts=vid.second_per_grid_ts)
     with pytest.raises(ChunkError):
         backend.positions(short, 0)
+
+
+def test_default_window_slide_is_one_exact_forward(vl):
+    """The default Window on M-RoPE (no selective recompute): a slide (evict head, admit at the tail) is deferred
+    to the next read and runs as ONE forward of the re-conditioned survivors + the new chunk + the query, and the
+    answer equals the model's own full forward over the same contents (the survivors lost their head)."""
+    import windowkit as wk
+
+    name, model, backend = vl
+    chunks = mixed_chunks(name)
+    win = wk.Window(backend)
+    for c in chunks[:4]:
+        win.admit(c)
+    win.flush()
+    f0 = win.stats.forwards
+    win.evict("head")
+    win.admit(chunks[4])
+    query = text_chunk(3, seed=9)
+    logits = win.forward(query)
+    assert win.stats.forwards - f0 == 1  # repair + admission + query fused
+    assert win.stats.fallbacks == 1 and win.stats.repaired_tokens == sum(len(c) for c in chunks[1:4])
+    ref, _ = full_forward(model, chunks[1:5] + [query])
+    assert kl(ref, logits) <= 1e-6

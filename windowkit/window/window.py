@@ -1079,10 +1079,15 @@ class Window:
     # ------------------------------------------------------------------ deferred work, run as one forward
     @property
     def _fuses(self) -> bool:
-        """Deferred work applies: lazy patch mode on a real backend that recomputes selected tokens (text LLMs).
-        A cost-model backend books the same tokens eagerly (it charges per token, not per forward)."""
-        return (self._defer_work and self.mode == "patch" and self.form == "lazy" and not self.removal_patches and self.cascade == "plan"
-                and self._needs_past and bool(getattr(self.backend, "supports_recompute", False)))
+        """Deferred work applies: lazy patch mode on a backend that runs the model (a cost-model backend books the
+        same tokens eagerly: it charges per token, not per forward)."""
+        return (self._defer_work and self.mode == "patch" and self.form == "lazy" and not self.removal_patches
+                and self.cascade == "plan" and self._needs_past)
+
+    @property
+    def _recomputes(self) -> bool:
+        """Selective recompute (text LLM families); other backends repair by re-conditioning from the first stale."""
+        return bool(getattr(self.backend, "supports_recompute", False))
 
     def _repair_later(self, first: int) -> None:
         """The survivor repair from index ``first`` on: deferred to the next read where that applies, else now."""
@@ -1096,8 +1101,8 @@ class Window:
         patch or conditioned KV for its context, something in front of it) and nothing else is batched."""
         if not self._fuses or (self._repair_pending is not None and self._repair_pending < len(self._entries)):
             return False
-        if len(e.chunk) != e.span or not len(e.chunk) or (not ante and self.prefix is None):
-            return False  # a span != its tokens, or the head (its prefill is its canonical): not deferred
+        if (self._recomputes and len(e.chunk) != e.span) or not len(e.chunk) or (not ante and self.prefix is None):
+            return False  # a span != its tokens (recompute positions are token positions), or the head: not deferred
         ctx = self._ctx(ante)
         if self.store.has_patch(e.key, ctx) and self._use_patches:
             return False
@@ -1120,7 +1125,10 @@ class Window:
         t = n - tail  # entries[t:] are the pending admissions
         ids = [x.id for x in entries]
         starts = self.starts()
-        pairs = [] if first is None else self._repair_pairs(entries, self._stale(entries, ids, first, t))
+        stale = [] if first is None else self._stale(entries, ids, first, t)
+        if not self._recomputes:
+            return self._settle_by_forward(entries, ids, starts, stale, t, query)
+        pairs = self._repair_pairs(entries, stale)
         if not pairs and not tail:
             return None
         full = {i for i, k in pairs if k == len(entries[i].chunk)}
@@ -1159,6 +1167,36 @@ class Window:
                 self.graph.add_chunk(e.id, len(e.chunk))
                 self.graph.set_current(e.id, None)
         return (logits, fresh[-1]) if query is not None else None
+
+    def _settle_by_forward(self, entries: list[_Entry], ids: list[str], starts: list[int], stale: list[int], t: int,
+                           query: Optional[Chunk]) -> Optional[tuple[torch.Tensor, ChunkKV]]:
+        """``_settle`` on a backend without selective recompute (MLA, M-RoPE): its repair re-conditions every chunk
+        from the first stale one (``_repair``'s fallback), so the repair, the pending admissions and the query are
+        one plain forward of entries[f:] (+ query) over the exact KV in front of f: the prefix cache's forward."""
+        n = len(entries)
+        f = stale[0] if stale else t
+        if f == n and query is None:
+            return None
+        chunks = [x.chunk for x in entries[f:]] + ([query] if query is not None else [])
+        res = self._run(chunks, starts[f] if f < n else self.next_position, self._kv_upto(f)) if f < n else None
+        if res is None:  # only a query and nothing deferred in front of it: the caller's own forward
+            return None
+        self.stats.prefill_tokens -= len(query) if query is not None else 0  # the query is not window prefill
+        if stale:
+            self.stats.fallbacks += 1
+            self.stats.repaired_tokens += sum(len(x.chunk) for x in entries[f:t])
+        off = 0
+        for i in range(f, n):
+            e, m = entries[i], len(entries[i].chunk)
+            kv = res.kv.slice(off, off + m)
+            off += m
+            e.pending = False
+            self._set_exact(e, kv, starts[i], tuple(ids[:i]))
+            if i >= t and self._exact_upto(i):
+                self._keep_conditioned(e, kv, starts[i], e.ctx)
+        if query is None:
+            return None
+        return res.logits, res.kv.slice(off, res.kv.num_tokens)
 
     def _set_exact(self, e: _Entry, kv: Optional[ChunkKV], start: int, ante: tuple[str, ...]) -> None:
         """``e`` now holds KV exactly conditioned on ``ante`` at ``start``."""
