@@ -451,3 +451,26 @@ def test_prefetch_skips_patches_for_stale_chunks(llama):
     win.prefetch()
     assert win.stats.patch_forms == 0  # e1, e2 are stale (formed behind e0)
     assert all(win.store.has_canonical(win._keys[c.id]) for c in cs[1:])
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_survivors_get_a_stored_context_back_for_free(llama, tmp_path, on_disk):
+    """A survivor behind a context it was conditioned on before takes its stored exact KV (no forward), on an
+    in-memory store (where the Window's known-context set skips the look-ups that cannot hit) and on a disk
+    store (where every context is looked up). Exact budget: B, C; then A inserted in front re-conditions both
+    (repair "all"); evicting A again puts C back behind [B], whose conditioned KV the store holds: the window
+    [B, C] equals the model's own forward with no window forward at all (a miss would recompute C)."""
+    b, c, a = text(llama, 7, 501, "b"), text(llama, 6, 502, "c"), text(llama, 5, 503, "a")
+    store = wk.ChunkStore(tmp_path / "store", model_fingerprint=llama.fingerprint()) if on_disk else None
+    win = wk.Window(llama, store=store, fidelity="exact")
+    win.admit(b)
+    win.admit(c)
+    win.forward(QUERY)
+    win.admit(a, at=0)
+    assert kl_divergence(reference_logits(llama, [a, b, c], QUERY), win.forward(QUERY)) <= 1e-6
+    win.evict("a")
+    f0, p0 = win.stats.forwards, win.stats.prefill_tokens
+    assert win.stale_ids() == []  # b is the head (its canonical), c is behind b again (its stored conditioned KV)
+    assert kl_divergence(reference_logits(llama, [b, c], QUERY), win.forward(QUERY)) <= 1e-6
+    assert (win.stats.forwards - f0, win.stats.prefill_tokens - p0) == (0, 0)  # no window forward (stats leave
+    # the query's own forward out)

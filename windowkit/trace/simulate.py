@@ -421,7 +421,7 @@ class WindowkitStrategy(Strategy):
         c.prefill_tokens = led.prefill_tokens - l0.prefill_tokens
         c.vision_encodes = led.vision_encodes - l0.vision_encodes
         if self.mode == "patch":
-            c.binding_risk = sum(1 for e in win.plan() if e.op == "refresh-patch")
+            c.binding_risk = len(win.stale_ids())  # plan()'s refresh-patch edits, without scoring them
         p = self.p
         c.bytes_held = ((store.canon_sum + win.num_tokens) * p.kv_bytes_per_token
                         + store.patch_sum * p.patch_bytes_per_token)

@@ -25,8 +25,9 @@ stale survivors are repaired by a ``repair`` rule (selective recompute, CacheBle
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
@@ -42,6 +43,13 @@ from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step,
 
 Mode = Literal["patch", "blind", "exact"]
 Where = Union[str, int]
+
+# Per in-memory store: every context (chain hash, ``context_step``) that is a prefix of a context some Window in
+# this process stored a patch or conditioned KV under. Prefix-closed, so a survivor whose new context is not in it
+# has nothing stored for it, and neither has any survivor behind it (their contexts extend it): after a head
+# eviction the look-ups stop at the first survivor instead of hashing the whole window. A persistent or shared
+# store holds entries this process never wrote: there every context is looked up (``Window._context_hint``).
+_CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -94,10 +102,10 @@ class _Entry:
     ctx: str = ""  # context hash the KV's conditioning was formed on
     ante: tuple[str, ...] = ()  # ordered antecedent chunk ids at formation
     pending: bool = False  # a tail admission whose conditioned prefill waits for the next read (Window._settle)
+    id: str = field(init=False)  # the chunk's id (a field, not a property: the planner reads it per entry per op)
 
-    @property
-    def id(self) -> str:
-        return self.chunk.id
+    def __post_init__(self) -> None:
+        self.id = self.chunk.id
 
 
 class Window:
@@ -436,6 +444,18 @@ class Window:
         """
         self._settle()
 
+    def stale_ids(self) -> list[str]:
+        """Ids whose KV keeps conditioning formed on other antecedents than they have now (kept as-is, or partly
+        repaired): the chunks ``plan()`` lists as "refresh-patch", without scoring them.
+
+            risk = len(win.stale_ids())   # the simulator's binding risk of a step
+        """
+        if self.mode != "patch":
+            return []
+        self._settle()
+        ids = self.ids
+        return [e.id for i, e in enumerate(self._entries) if len(e.ante) != i or e.ante != tuple(ids[:i])]
+
     def plan(self) -> list[Edit]:
         """Edits ``materialize`` will run now, with estimated ms and bytes (no tensor work)."""
         self._settle()
@@ -479,8 +499,7 @@ class Window:
     def _query_past(self) -> Optional[ChunkKV]:
         """The window KV a query runs over; for a backend that never reads it (cost model), only account."""
         if self.mode != "exact" and not self._needs_past:
-            for e, s in zip(self._entries, self.starts()):
-                self._kv_at(e, s)  # counts relocations; no tensor work for such a backend
+            self._relocate_all(list(self._entries), self.starts())  # no tensor work for such a backend
             return None
         return self.window_kv()
 
@@ -614,7 +633,7 @@ class Window:
             if exact and ante:
                 ctx = self._ctx(ante)
                 if not self.store.has_patch(e.key, ctx):
-                    self._form_fresh(e, e.kv, e.kv_start, ctx)
+                    self._form_fresh(e, e.kv, e.kv_start, ctx, ante)
         return {"encodes": self.stats.encodes - e0, "patch_forms": self.stats.patch_forms - f0}
 
     def is_disposable(self, chunk_id: str, query_ids: Union[Sequence[int], torch.Tensor]) -> bool:
@@ -756,12 +775,12 @@ class Window:
             res = self._run([e.chunk], start, self._kv_upto(idx))
             e.kv, e.kv_start = res.kv, start
             if self._exact_upto(idx):
-                self._keep_conditioned(e, res.kv, start, ctx)
+                self._keep_conditioned(e, res.kv, start, ctx, ante)
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
             if self._exact_upto(idx):
-                self._form_fresh(e, res.kv, start, ctx)
+                self._form_fresh(e, res.kv, start, ctx, ante)
             else:  # a forward over stale survivors is not KV(B|ante): never store it as one (the canonical is exact)
                 self._canonical(e)
             e.kv, e.kv_start = res.kv, start
@@ -855,7 +874,7 @@ class Window:
                 continue
             self._set_exact(e, kv, starts[i], tuple(ids[:i]))
             if front_exact and kv is not None:
-                self._keep_conditioned(e, kv, starts[i], e.ctx)
+                self._keep_conditioned(e, kv, starts[i], e.ctx, e.ante)
         self._version += 1
         return edits
 
@@ -866,7 +885,7 @@ class Window:
 
     def _conditioned(self, e: _Entry, ctx: str) -> Optional[ChunkKV]:
         """The exact conditioned KV of ``e`` behind context ``ctx`` if the store holds it (lazy forming), at 0."""
-        if not self._keeps_conditioned:
+        if not self._keeps_conditioned or not self._maybe_known(ctx):
             return None
         ck = conditioned_key(e.key, ctx)
         if not self.store.has_canonical(ck):
@@ -878,13 +897,40 @@ class Window:
             return None
         return kv if kv.num_tokens == len(e.chunk) else None
 
-    def _keep_conditioned(self, e: _Entry, kv: ChunkKV, start: int, ctx: str) -> None:
+    def _context_hint(self) -> Optional[set[str]]:
+        """The known-context set of this window's store (``_CONTEXT_HINTS``), or None where it cannot be complete."""
+        st = self.store
+        if st.path is not None or getattr(st, "shared", None) is not None:
+            return None
+        hint = _CONTEXT_HINTS.get(st)
+        if hint is None:
+            hint = _CONTEXT_HINTS[st] = set()
+        return hint
+
+    def _note_context(self, ante: Sequence[str]) -> None:
+        """Something is stored under the context of ``ante``: record it and all its prefixes as known."""
+        hint = self._context_hint()
+        if hint is None:
+            return
+        h = context_root(self._prefix_key)
+        hint.add(h)
+        for cid in ante:
+            h = context_step(h, self._keys[cid])
+            hint.add(h)
+
+    def _maybe_known(self, ctx: str) -> bool:
+        """False only when nothing can be stored under the exact context ``ctx`` (a cheap set look-up)."""
+        hint = self._context_hint()
+        return hint is None or ctx in hint
+
+    def _keep_conditioned(self, e: _Entry, kv: ChunkKV, start: int, ctx: str, ante: Sequence[str]) -> None:
         """Store ``e``'s exact conditioned KV for ``ctx`` (relocated to 0): the same chunk behind the same context
         later (a look-back, an older branch) is a relocation, as a radix prefix cache would serve it."""
         if not self._keeps_conditioned:
             return
         kv0 = kv if start == 0 or not self._needs_past else kv.relocate(-start, self.backend.rope)
         self.store.put_canonical(conditioned_key(e.key, ctx), kv0, {"chunk_id": e.id, "context": ctx})
+        self._note_context(ante)
 
     def _exact_upto(self, idx: int) -> bool:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
@@ -892,7 +938,7 @@ class Window:
         ids = self.ids
         return all(x.ante == tuple(ids[:j]) for j, x in enumerate(list(self._entries)[:idx]))
 
-    def _form_fresh(self, e: _Entry, cond: ChunkKV, start: int, ctx: str) -> None:
+    def _form_fresh(self, e: _Entry, cond: ChunkKV, start: int, ctx: str, ante: Sequence[str]) -> None:
         """Form and store the patch of ``e`` for context ``ctx`` from its conditioned KV ``cond`` at ``start``."""
         canon = self._canonical(e)
         meta = {"kind": "fresh", "context": ctx}
@@ -905,6 +951,7 @@ class Window:
             p = self.basis.strip(self.basis.encode(d, self.rank, meta=meta, register=False))
         self.stats.patch_forms += 1
         self.store.put_patch(e.key, ctx, p)  # basis-backed: coefficients only (S·m per layer-slot)
+        self._note_context(ante)
 
     def _condition_orbit(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
         if not ante:  # only the prefix (or nothing) in front: one ordering, the ordinary fresh patch
@@ -937,10 +984,11 @@ class Window:
 
     def _refresh_known(self, first: int) -> None:
         """Survivors from ``first`` on have new antecedents. Where the exact conditioning for the new context
-        is known for free (no antecedent and no prefix: the canonical itself; or a stored patch for exactly
-        this context) use it; otherwise keep the current KV as-is (it only relocates)."""
+        is known for free (no antecedent and no prefix: the canonical itself; or a stored patch or conditioned
+        KV for exactly this context) use it; otherwise keep the current KV as-is (it only relocates)."""
         entries = list(self._entries)
-        starts = self.starts()
+        hint = self._context_hint()
+        starts: Optional[list[int]] = None
         ids = [x.id for x in entries]
         h = context_root(self._prefix_key)  # chained context hashes: O(1) per survivor
         for x in entries[:first]:
@@ -948,10 +996,15 @@ class Window:
         for i in range(first, len(entries)):
             e = entries[i]
             ctx, h = h, context_step(h, e.key)
-            ante = tuple(ids[:i])
-            if ante == e.ante or e.pending:
+            if e.pending or (len(e.ante) == i and e.ante == tuple(ids[:i])):
                 continue
-            if not ante and self.prefix is None:
+            head = i == 0 and self.prefix is None
+            if not head and hint is not None and ctx not in hint:
+                break  # nothing stored for this context, nor for any survivor behind it (theirs extend it)
+            if starts is None:
+                starts = self.starts()
+            ante = tuple(ids[:i])
+            if head:
                 if self.form == "lazy" and not self.store.has_canonical(e.key):
                     continue  # lazy: no encode just for this; keep-as-is
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
@@ -1042,10 +1095,15 @@ class Window:
             return
         last = pairs[-1][0]
         full = {i for i, k in pairs if k == len(entries[i].chunk)}
-        parts = [self._prefix_kv] if self._prefix_kv is not None else []
-        for j in range(last + 1):  # the window up to the last repaired chunk (a wholly recomputed one is masked)
-            parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
-        past = concat(parts) if (self._needs_past and parts) else None
+        if self._needs_past:
+            parts = [self._prefix_kv] if self._prefix_kv is not None else []
+            for j in range(last + 1):  # the window up to the last repaired chunk (a wholly recomputed one is masked)
+                parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
+            past = concat(parts) if parts else None
+        else:  # a backend that never reads the past (cost model): only the relocations are counted
+            self._relocate_all([entries[j] for j in range(last + 1) if j not in full], [starts[j] for j in range(last + 1)
+                                                                                          if j not in full])
+            past = None
         total = sum(k for _, k in pairs)
         res = self.backend.recompute(past, [entries[i].chunk for i, _ in pairs], [starts[i] for i, _ in pairs],
                                      [range(k) for _, k in pairs])
@@ -1158,7 +1216,7 @@ class Window:
             ctx = self._ctx(ante)
             e.pending, e.kv, e.kv_start = False, kv, starts[i]
             if self._exact_upto(i):
-                self._keep_conditioned(e, kv, starts[i], ctx)
+                self._keep_conditioned(e, kv, starts[i], ctx, ante)
             e.ctx, e.ante = ctx, ante
             if ante:
                 self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * len(e.chunk),
@@ -1193,7 +1251,7 @@ class Window:
             e.pending = False
             self._set_exact(e, kv, starts[i], tuple(ids[:i]))
             if i >= t and self._exact_upto(i):
-                self._keep_conditioned(e, kv, starts[i], e.ctx)
+                self._keep_conditioned(e, kv, starts[i], e.ctx, e.ante)
         if query is None:
             return None
         return res.logits, res.kv.slice(off, res.kv.num_tokens)
@@ -1230,6 +1288,25 @@ class Window:
             self.stats.bytes_moved += self._rope_bytes_per_token() * len(e.chunk) * 2
             self._credit(len(e.chunk), t0)
         return e.kv
+
+    def _relocate_all(self, entries: Sequence[_Entry], starts: Sequence[int]) -> None:
+        """``_kv_at`` for each entry on a backend that never reads the past: the same counts, no tensor work
+        (one loop instead of a call per chunk: this is the simulator's hot path)."""
+        if any(e.pending for e in entries):
+            self._settle()
+        moved, nbytes = 0, self._rope_bytes_per_token() * 2
+        t0 = time.perf_counter()
+        for e, s in zip(entries, starts):
+            if e.kv is None:
+                raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
+            if e.kv_start != s:
+                e.kv_start = s
+                n = len(e.chunk)
+                moved += n
+                self.stats.relocations += 1
+                self.stats.bytes_moved += nbytes * n
+        if moved:
+            self._credit(moved, t0)
 
     def _placed(self, canon: ChunkKV, start: int, patch: Optional[Patch]) -> ChunkKV:
         t0 = time.perf_counter()
