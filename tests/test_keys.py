@@ -56,3 +56,16 @@ def test_a_lone_string_is_refused():
         context_hash("ab")
     with pytest.raises(TypeError, match="^orbit_context_hash takes a sequence of chunk keys, not one string$"):
         orbit_context_hash("ab")
+
+
+def test_salted_keys_are_the_documented_format_and_the_empty_salt_is_unsalted():
+    from windowkit.store import conditioned_key
+
+    assert chunk_key("abc", "fp", salt="t") == digest(["chunk", "abc", "fp", "t"])
+    assert context_root("p", salt="t") == digest(["ctx", "p", "t"])
+    assert context_hash(["a"], prefix="p", salt="t") == digest([digest(["ctx", "p", "t"]), "a"])
+    assert orbit_context_hash(["b", "a"], prefix="p", salt="t") == digest(["orbit", "p", ["a", "b"], "t"])
+    assert conditioned_key("k", "c", salt="t") == digest(["conditioned", "k", "c", "t"])
+    assert conditioned_key("k", "c", salt="") == conditioned_key("k", "c") == digest(["conditioned", "k", "c"])
+    assert chunk_key("abc", "fp", salt="") == chunk_key("abc", "fp") and context_root("p", salt="") == context_root("p")
+    assert orbit_context_hash(["a"], salt="") == orbit_context_hash(["a"])

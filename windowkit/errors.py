@@ -39,6 +39,24 @@ class SharedStoreError(WindowkitError):
         self.reason = reason
 
 
+class StoreAuthError(StoreCorruptError):
+    """A stored entry failed its authentication (HMAC-SHA256) check: forged, replayed under another key or
+    domain, written with another auth key, or unauthenticated where a key is required. Never served."""
+
+
+class AuthKeyError(WindowkitError):
+    """An auth key is missing, malformed or not the one a store was written with (the message says which
+    key to pass: ``auth_key=`` or the ``WINDOWKIT_AUTH_KEY`` / ``WINDOWKIT_AUTH_KEY_FILE`` variables)."""
+
+
+class TrustDomainError(WindowkitError):
+    """A store (e.g. a disk folder) belongs to another trust domain (``cache_salt``) than the one asked for."""
+
+
+class UnauthenticatedStoreWarning(UserWarning):
+    """A shared store tier is used without an auth key: anyone who can write to it can forge entries."""
+
+
 class ModelMismatchError(WindowkitError):
     """KV or a store was produced by a different model than the one in use."""
 
@@ -61,6 +79,10 @@ __all__ = [
     "ChunkNotFoundError",
     "StoreCorruptError",
     "SharedStoreError",
+    "StoreAuthError",
+    "AuthKeyError",
+    "TrustDomainError",
+    "UnauthenticatedStoreWarning",
     "ModelMismatchError",
     "TraceFormatError",
     "ChunkError",

@@ -14,6 +14,8 @@ budget pressure (or on ``store.compress(key)``) as exact edge rows + low-rank fa
 Shared tier (off by default): ``ChunkStore(..., shared=EmbeddedBackend())`` or ``shared=MooncakeBackend(...)``
 (``windowkit.store.mooncake``, imported lazily: Mooncake is an optional dependency) is read after the local
 tiers and written through on put, so several processes reuse each other's canonicals and patches.
+Trust (off by default; docs/security.md): ``ChunkStore(..., cache_salt="tenant-a", auth_key=secret)`` puts the
+store in a trust domain and HMAC-authenticates every shared and disk entry (``windowkit.store.auth``).
 """
 from windowkit.store.backend import EmbeddedBackend, StoreBackend
 from windowkit.store.cold import ColdTierConfig

@@ -20,6 +20,15 @@ and counts it (``stats.shared_fallbacks``), so the caller recomputes exactly as 
 
 Keys are namespaced by the model fingerprint (``namespace``): two models never read each other's entries
 even if their chunk keys collided, and a namespace can be listed or cleared on its own.
+
+Authenticated (``auth_key=``, see windowkit/store/auth.py and docs/security.md): the envelope's sha256 is
+replaced by an HMAC-SHA256 over (namespace, key), header and value, in the same single pass and checked
+before any byte is parsed (``MAGIC_AUTH | tag | u32 header length | {size, meta} | value``), and the stored
+key is ``wk/<HMAC(ns)>/<HMAC(ns, key)>``: without the secret nobody can compute where an entry lives, forge
+one, or move one to another key. A value whose MAC does not check (forged, replayed, unauthenticated, another
+key's) raises ``StoreAuthError`` (a ``StoreCorruptError``), is removed and counted in ``stats["forged"]``.
+
+    b = EmbeddedBackend(auth_key=secret)
 """
 from __future__ import annotations
 
@@ -29,9 +38,12 @@ import struct
 import threading
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
-from windowkit.errors import SharedStoreError, StoreCorruptError, WindowkitError
+from windowkit.errors import SharedStoreError, StoreAuthError, StoreCorruptError, WindowkitError
+from windowkit.store.auth import EntryAuth, KeySpec, as_auth
 
 MAGIC = b"WKSV1\n"  # windowkit shared value, envelope version 1
+MAGIC_AUTH = b"WKSA1\n"  # windowkit shared value, authenticated (HMAC-SHA256), version 1
+_TAG = 32  # bytes of an HMAC-SHA256
 _LEN = struct.Struct("<I")
 
 Item = tuple[str, bytes, dict]  # (key, value, meta) of a batched put
@@ -44,6 +56,26 @@ def namespace_prefix(namespace: Optional[str]) -> str:
     return f"wk/{ns}/"
 
 
+def storage_key(namespace: Optional[str], key: str, auth: Optional[EntryAuth] = None) -> str:
+    """Where ``key`` of ``namespace`` is stored: ``namespace_prefix + key`` without a key (as ever), else
+    ``wk/<16 hex HMAC(ns)>/<32 hex HMAC(ns, key)>``, which only holders of the secret can compute."""
+    if auth is None:
+        return namespace_prefix(namespace) + key
+    ns = namespace or ""
+    return f"wk/{auth.address('ns', ns)[:16]}/{auth.address('key', ns, key)}"
+
+
+def storage_prefix(namespace: Optional[str], auth: Optional[EntryAuth] = None) -> str:
+    """The prefix every stored key of ``namespace`` starts with (what ``clear`` removes)."""
+    return namespace_prefix(namespace) if auth is None else f"wk/{auth.address('ns', namespace or '')[:16]}/"
+
+
+def _ident(namespace: Optional[str], key: str) -> bytes:
+    """What an entry's MAC binds it to: its namespace and key (so it cannot be replayed under another)."""
+    ns = (namespace or "").encode()
+    return _LEN.pack(len(ns)) + ns + key.encode()  # length-prefixed: no (ns, key) pair reads as another
+
+
 def _meta_bytes(meta: dict) -> bytes:
     return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
 
@@ -54,10 +86,16 @@ def _digest(mb: bytes, value) -> str:
     return h.hexdigest()
 
 
-def pack(value: bytes, meta: Optional[dict] = None) -> bytes:
-    """The envelope stored under a key: MAGIC | u32 header length | header JSON | value.
+def pack(value: bytes, meta: Optional[dict] = None, *, auth: Optional[EntryAuth] = None,
+         namespace: Optional[str] = None, key: str = "") -> bytes:
+    """The envelope stored under a key.
 
-    The header holds the value's size, the metadata and sha256(metadata JSON + value).
+    Unkeyed: ``MAGIC | u32 header length | header JSON {size, sha256, meta} | value``, the sha256 over the
+    metadata JSON + value. Keyed (``auth``): ``MAGIC_AUTH | 32-byte HMAC-SHA256 | u32 header length | header
+    JSON {size, meta} | value``, the HMAC over (namespace, key), the header bytes and the value::
+
+        pack(data, {"tokens": 64})                                                    # checks damage
+        pack(data, {"tokens": 64}, auth=EntryAuth(secret), namespace=fp, key="c/k/")  # and forgery
     """
     if not isinstance(value, (bytes, bytearray, memoryview)):
         raise WindowkitError(f"a shared value is bytes, got {type(value).__name__}")
@@ -66,15 +104,50 @@ def pack(value: bytes, meta: Optional[dict] = None) -> bytes:
         mb = _meta_bytes(meta)
     except (TypeError, ValueError) as e:
         raise WindowkitError(f"shared value meta must be JSON-serialisable: {e}") from None
-    header = json.dumps({"size": len(value), "sha256": _digest(mb, value),
-                         "meta": meta}, sort_keys=True, separators=(",", ":")).encode()
+    if auth is not None:
+        header = json.dumps({"size": len(value), "meta": meta}, sort_keys=True, separators=(",", ":")).encode()
+        tag = auth.tag(_ident(namespace, key), header, value)
+        return b"".join((MAGIC_AUTH, tag, _LEN.pack(len(header)), header, value))
+    header = json.dumps({"size": len(value), "sha256": _digest(mb, value), "meta": meta}, sort_keys=True,
+                        separators=(",", ":")).encode()
     return b"".join((MAGIC, _LEN.pack(len(header)), header, value))
 
 
-def unpack(blob: bytes) -> tuple[bytes, dict]:
-    """(value, meta) of an envelope; ``StoreCorruptError`` if anything does not check out."""
+def unpack(blob: bytes, *, auth: Optional[EntryAuth] = None, namespace: Optional[str] = None,
+           key: str = "") -> tuple[bytes, dict]:
+    """(value, meta) of an envelope; ``StoreCorruptError`` if anything does not check out. A keyed reader
+    (``auth``) raises ``StoreAuthError`` (a subclass) for anything that is not an envelope of its key for
+    ``(namespace, key)``; it checks the MAC over the raw bytes before it parses any of them."""
+    head = bytes(blob[:len(MAGIC)])
+    if auth is not None:
+        if head != MAGIC_AUTH:
+            raise StoreAuthError("shared value is not authenticated (written without an auth key, or forged)"
+                                 if head == MAGIC else f"shared value is not a windowkit envelope ({len(blob)} bytes)")
+        n0 = len(MAGIC_AUTH) + _TAG + _LEN.size
+        if len(blob) < n0:
+            raise StoreAuthError(f"authenticated shared value truncated ({len(blob)} bytes)")
+        (hlen,) = _LEN.unpack_from(blob, n0 - _LEN.size)
+        if n0 + hlen > len(blob):
+            raise StoreAuthError("authenticated shared value header runs past its end (truncated?)")
+        view = memoryview(blob)
+        header, value = view[n0:n0 + hlen], view[n0 + hlen:]
+        # one keyed pass in place of the sha256 one; the header is re-used as stored, not re-serialised
+        if not auth.verify(view[len(MAGIC_AUTH):len(MAGIC_AUTH) + _TAG], _ident(namespace, key), header, value):
+            raise StoreAuthError("shared value HMAC mismatch (forged, replayed from another key, or written with "
+                                 "another auth key)")
+        try:  # authentic from here on: only a key holder's bug could fail these
+            h = json.loads(bytes(header))
+            size, meta = int(h["size"]), h["meta"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreCorruptError(f"unreadable shared value header: {e}") from None
+        if len(value) != size or not isinstance(meta, dict):
+            raise StoreCorruptError("authenticated shared value does not match its header")
+        return bytes(value), meta
+    if head == MAGIC_AUTH:
+        raise StoreAuthError("shared value is authenticated with a key this client does not hold: pass the "
+                             "deployment's auth_key (or WINDOWKIT_AUTH_KEY / WINDOWKIT_AUTH_KEY_FILE)")
     n0 = len(MAGIC) + _LEN.size
-    if len(blob) < n0 or bytes(blob[:len(MAGIC)]) != MAGIC:
+    if len(blob) < n0 or head != MAGIC:
         raise StoreCorruptError(f"shared value is not a windowkit envelope ({len(blob)} bytes)")
     (hlen,) = _LEN.unpack_from(blob, len(MAGIC))
     if n0 + hlen > len(blob):
@@ -103,6 +176,8 @@ class StoreBackend(Protocol):
 
     namespace: Optional[str]
     stats: dict
+    # optional: ``auth`` (an ``EntryAuth`` or None). A backend with it authenticates entries and derives its
+    # stored keys with the secret; ``ChunkStore(auth_key=...)`` sets it on a backend that has none.
 
     def put(self, key: str, value: bytes, meta: Optional[dict] = None) -> None: ...
     def get(self, key: str) -> Got: ...
@@ -117,7 +192,7 @@ class StoreBackend(Protocol):
 
 def new_stats() -> dict:
     """The counters every backend keeps (cumulative)."""
-    return {"puts": 0, "gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "errors": 0,
+    return {"puts": 0, "gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "forged": 0, "errors": 0,
             "bytes_written": 0, "bytes_read": 0}
 
 
@@ -132,17 +207,18 @@ class EmbeddedBackend:
     envelopes (tests corrupt values through it). For several processes use ``MooncakeBackend``.
     """
 
-    def __init__(self, namespace: Optional[str] = None) -> None:
+    def __init__(self, namespace: Optional[str] = None, auth_key: KeySpec = None) -> None:
         self.namespace = namespace
+        self.auth: Optional[EntryAuth] = as_auth(auth_key)
         self.stats = new_stats()
         self.data: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
     def _k(self, key: str) -> str:
-        return namespace_prefix(self.namespace) + key
+        return storage_key(self.namespace, key, self.auth)
 
     def put(self, key: str, value: bytes, meta: Optional[dict] = None) -> None:
-        blob = pack(value, meta)
+        blob = pack(value, meta, auth=self.auth, namespace=self.namespace, key=key)
         with self._lock:
             self.data[self._k(key)] = blob
             self.stats["puts"] += 1
@@ -156,10 +232,10 @@ class EmbeddedBackend:
                 self.stats["misses"] += 1
                 return None
             try:
-                got = unpack(blob)
-            except StoreCorruptError:
+                got = unpack(blob, auth=self.auth, namespace=self.namespace, key=key)
+            except StoreCorruptError as e:
                 del self.data[self._k(key)]  # never served again
-                self.stats["corrupt"] += 1
+                self.stats["forged" if isinstance(e, StoreAuthError) else "corrupt"] += 1
                 raise
             self.stats["hits"] += 1
             self.stats["bytes_read"] += len(blob)
@@ -199,5 +275,6 @@ class EmbeddedBackend:
         return f"EmbeddedBackend(entries={len(self.data)})"
 
 
-__all__ = ["StoreBackend", "EmbeddedBackend", "pack", "unpack", "namespace_prefix", "new_stats", "MAGIC",
+__all__ = ["StoreBackend", "EmbeddedBackend", "pack", "unpack", "namespace_prefix", "storage_key", "storage_prefix",
+           "new_stats", "MAGIC", "MAGIC_AUTH",
            "SharedStoreError"]

@@ -15,10 +15,16 @@ Crash safety: a file is written to a temp name, fsync'ed, renamed into place (``
 directory fsync'ed *before* the index row that names it commits; a new version of an entry gets a new
 file name (``-<seq>``), so the old row never points at a half-written file. A crash leaves at worst an
 orphan file, removed on the next open. Every read checks size and sha256 before parsing.
+
+Authenticated (``DiskTier(..., auth=EntryAuth(secret))``): the index's ``sha256`` column holds
+``hmac:<HMAC-SHA256>`` over the entry's identity (model, domain, kind/key/ctx, nbytes), its meta and the file,
+checked in the same single pass; the folder records the key's id (``meta.auth_key_id``) and trust domain
+(``meta.domain``), and opening it with another key, without its key, or for another domain is refused.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import sqlite3
@@ -32,8 +38,10 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from windowkit.errors import KVShapeError, ModelMismatchError, StoreCorruptError, WindowkitError
+from windowkit.errors import (AuthKeyError, KVShapeError, ModelMismatchError, StoreCorruptError, TrustDomainError,
+                              WindowkitError)
 from windowkit.kv.layout import KVLayout
+from windowkit.store.auth import EntryAuth, domain_tag
 
 try:  # advisory lock; absent on Windows, where a second opener is simply not detected
     import fcntl
@@ -46,6 +54,10 @@ EntryId = tuple[str, str, str]  # (kind: "c" canonical | "p" patch, chunk key, c
 
 class CorruptEntry(Exception):
     """Internal: a file failed a check. The store turns it into a drop + StoreCorruptError (or a miss)."""
+
+
+class AuthFailed(CorruptEntry):
+    """Internal: a file failed its HMAC check (forged or replaced). The store drops it and counts a miss."""
 
 
 @dataclass
@@ -100,8 +112,11 @@ def _fsync_dir(path: Path) -> None:
 class DiskTier:
     """Files + index of one store directory. Not thread-safe on its own: ``ChunkStore`` serialises calls."""
 
-    def __init__(self, path: str | os.PathLike, model_fingerprint: Optional[str], layout: Optional[KVLayout]):
+    def __init__(self, path: str | os.PathLike, model_fingerprint: Optional[str], layout: Optional[KVLayout],
+                 auth: Optional[EntryAuth] = None, domain: str = ""):
         self.path = Path(path)
+        self.auth = auth
+        self.domain = domain_tag(domain) if domain else ""
         self.objects = self.path / "objects"
         self.objects.mkdir(parents=True, exist_ok=True)
         self._lock_fd: Optional[int] = None
@@ -116,6 +131,7 @@ class DiskTier:
                                 "file_bytes INTEGER NOT NULL, nbytes INTEGER NOT NULL, meta TEXT NOT NULL, "
                                 "seq INTEGER NOT NULL, PRIMARY KEY (kind, key, ctx))")
             self.model_fingerprint, self.layout = self._check_meta(model_fingerprint, layout)
+            self._check_trust()
         except sqlite3.DatabaseError as e:
             self.close()
             raise StoreCorruptError(f"store index {self.path / 'index.sqlite'} is unreadable: {e}") from None
@@ -177,6 +193,37 @@ class DiskTier:
             self.set_layout(layout)
         return stored_fp or fp, stored_layout or layout
 
+    def _check_trust(self) -> None:
+        """The folder's auth key id and domain must be ours; an empty folder is (re)bound to ours."""
+        kid, dom = self._get_meta("auth_key_id") or None, self._get_meta("domain") or ""
+        ours = None if self.auth is None else self.auth.key_id
+        if (kid, dom) == (ours, self.domain):
+            return
+        if self.db.execute("SELECT COUNT(*) FROM entries").fetchone()[0] == 0:
+            with self._tx():
+                for k, v in (("auth_key_id", ours), ("domain", self.domain)):
+                    if v:
+                        self.db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES (?, ?)", (k, v))
+                    else:
+                        self.db.execute("DELETE FROM meta WHERE k = ?", (k,))
+            return
+        if dom != self.domain:
+            raise TrustDomainError(f"store {self.path} belongs to another trust domain (cache_salt) than this one; "
+                                   "open it with the cache_salt it was written with, or use another path")
+        if kid is not None and ours is None:
+            raise AuthKeyError(f"store {self.path} holds authenticated entries (auth key id {kid}): pass that key "
+                               "(auth_key=..., or WINDOWKIT_AUTH_KEY / WINDOWKIT_AUTH_KEY_FILE)")
+        if kid is None:
+            raise AuthKeyError(f"store {self.path} was written without an auth key, so its entries cannot be "
+                               "authenticated: open it without auth_key, or give the keyed store a new path")
+        raise AuthKeyError(f"store {self.path} was written with auth key id {kid}, not this key ({ours}): pass the "
+                           "key it was written with, or give the new key a new path (see docs/security.md, rotation)")
+
+    def _mac(self, eid: EntryId, nbytes: int, meta: dict, data) -> str:
+        ident = json.dumps([self.model_fingerprint or "", self.domain, *eid, int(nbytes)]).encode()
+        mb = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+        return "hmac:" + self.auth.mac(ident, mb, data)  # type: ignore[union-attr]
+
     def set_layout(self, layout: KVLayout) -> None:
         self._set_meta("layout", layout_to_json(layout))
         self.layout = layout
@@ -217,7 +264,7 @@ class DiskTier:
         header = {**header, "format": FORMAT, "kind": kind, "key": key, "ctx": ctx,
                   "model_fingerprint": self.model_fingerprint or ""}
         data = st_save({k: t.detach().to("cpu") for k, t in tensors.items()}, metadata=header)
-        sha = hashlib.sha256(data).hexdigest()
+        sha = hashlib.sha256(data).hexdigest() if self.auth is None else self._mac(eid, nbytes, meta, data)
         self.seq += 1
         name = f"{self.file_stem(eid)}-{self.seq}.safetensors"
         tmp = self.objects / f".tmp-{uuid.uuid4().hex}"
@@ -248,7 +295,10 @@ class DiskTier:
             raise CorruptEntry(f"cannot read {row.file}: {e}") from None
         if len(data) != row.file_bytes:
             raise CorruptEntry(f"{row.file}: {len(data)} bytes, the index says {row.file_bytes} (truncated?)")
-        if hashlib.sha256(data).hexdigest() != row.sha256:
+        if self.auth is not None:  # the keyed check replaces the sha256 (one pass over the file either way)
+            if not hmac.compare_digest(self._mac(row.eid, row.nbytes, row.meta, data), row.sha256):
+                raise AuthFailed(f"{row.file}: HMAC mismatch (forged, replaced, or written with another key)")
+        elif hashlib.sha256(data).hexdigest() != row.sha256:
             raise CorruptEntry(f"{row.file}: sha256 mismatch")
         header = _header_metadata(data)
         kind, key, ctx = row.eid
@@ -278,4 +328,4 @@ class DiskTier:
             self._lock_fd = None
 
 
-__all__ = ["DiskTier", "Row", "EntryId", "CorruptEntry", "FORMAT", "layout_to_json", "layout_from_json"]
+__all__ = ["DiskTier", "Row", "EntryId", "CorruptEntry", "AuthFailed", "FORMAT", "layout_to_json", "layout_from_json"]

@@ -9,6 +9,12 @@ A patch depends on what came before the chunk, so it is stored under ``(key, ctx
     ctx = context_hash([key_a, key_b], prefix=prefix_key)        # antecedents in window order
     ctx = orbit_context_hash([key_b, key_a], prefix=prefix_key)  # orbit patch: any order of the set
 
+Trust domains: every function takes ``salt=`` (a ``cache_salt``, e.g. a tenant id); a non-empty salt is
+mixed into the hash, so one domain's keys never equal another's, and the empty salt (default) gives
+exactly the unsalted keys. Salting the chunk key salts every context hash chained from it::
+
+    key = chunk_key(chunk.content_hash(), backend.fingerprint(), salt="tenant-a")
+
 Hashes are hex sha256 prefixes of length 32 (128 bits). The inputs are JSON-encoded before hashing, so
 no choice of ids can make two different contexts collide by concatenation (``["ab"]`` vs ``["a", "b"]``).
 """
@@ -34,16 +40,21 @@ def _digest_strs(*items: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_HEX]
 
 
-def chunk_key(content_hash: str, model_fingerprint: str | None) -> str:
-    """Key of a chunk's canonical KV: its content hash bound to the model that encoded it.
+def chunk_key(content_hash: str, model_fingerprint: str | None, salt: str = "") -> str:
+    """Key of a chunk's canonical KV: its content hash bound to the model that encoded it (and the trust
+    domain ``salt``, if any).
 
         chunk_key(Chunk.text(ids).content_hash(), backend.fingerprint())
     """
+    if salt:
+        return _digest_strs("chunk", str(content_hash), model_fingerprint or "", str(salt))
     return _digest_strs("chunk", str(content_hash), model_fingerprint or "")
 
 
-def context_root(prefix: str = "") -> str:
+def context_root(prefix: str = "", salt: str = "") -> str:
     """Hash of the empty context after ``prefix`` (the start of the chain ``context_hash`` walks)."""
+    if salt:
+        return _digest_strs("ctx", str(prefix), str(salt))
     return _digest_strs("ctx", str(prefix))
 
 
@@ -53,7 +64,7 @@ def context_step(prev: str, key: str) -> str:
     return _digest_strs(str(prev), str(key))
 
 
-def context_hash(ids: Sequence[str], prefix: str = "") -> str:
+def context_hash(ids: Sequence[str], prefix: str = "", salt: str = "") -> str:
     """Hash of an ordered antecedent context: the chunk keys before the patched chunk, after ``prefix``.
 
         context_hash([key_a, key_b]) != context_hash([key_b, key_a])
@@ -63,13 +74,13 @@ def context_hash(ids: Sequence[str], prefix: str = "") -> str:
     """
     if isinstance(ids, str):  # a lone string would hash as its characters
         raise TypeError("context_hash takes a sequence of chunk keys, not one string")
-    h = context_root(prefix)
+    h = context_root(prefix, salt)
     for i in ids:
         h = context_step(h, i)
     return h
 
 
-def orbit_context_hash(ids: Sequence[str], prefix: str = "") -> str:
+def orbit_context_hash(ids: Sequence[str], prefix: str = "", salt: str = "") -> str:
     """Order-free context hash, for orbit patches that serve every ordering of the same antecedent set.
 
         orbit_context_hash([key_a, key_b]) == orbit_context_hash([key_b, key_a])
@@ -79,21 +90,23 @@ def orbit_context_hash(ids: Sequence[str], prefix: str = "") -> str:
     """
     if isinstance(ids, str):
         raise TypeError("orbit_context_hash takes a sequence of chunk keys, not one string")
+    if salt:
+        return _digest(["orbit", prefix, sorted(str(i) for i in ids), str(salt)])
     return _digest(["orbit", prefix, sorted(str(i) for i in ids)])
 
 
-def conditioned_key(key: str, ctx: str) -> str:
+def conditioned_key(key: str, ctx: str, salt: str = "") -> str:
     """Key of a chunk's exact conditioned KV (its prefill behind the context ``ctx``), stored like a canonical at
     position 0: the chunk-granular entry a radix prefix cache keeps (the same chunk behind the same context).
 
         conditioned_key(chunk_key(h, fp), context_hash([key_a])) != chunk_key(h, fp)
     """
-    return _conditioned_key(str(key), str(ctx))
+    return _conditioned_key(str(key), str(ctx), str(salt))
 
 
 @lru_cache(maxsize=1 << 16)
-def _conditioned_key(key: str, ctx: str) -> str:
-    return _digest_strs("conditioned", key, ctx)
+def _conditioned_key(key: str, ctx: str, salt: str) -> str:
+    return _digest_strs("conditioned", key, ctx, salt) if salt else _digest_strs("conditioned", key, ctx)
 
 
 __all__ = ["chunk_key", "conditioned_key", "context_hash", "context_root", "context_step", "orbit_context_hash"]

@@ -17,6 +17,10 @@ Every call goes through one guard: a timeout (``timeout_s``; the call runs on a 
 abandoned if it does not answer in time) and a breaker: after an "unavailable" or "timeout" fault the
 backend answers ``SharedStoreError("unavailable")`` at once for ``retry_after_s`` seconds, so a dead master
 costs one timeout, not one per chunk. ``mooncake`` is imported on first use only.
+
+Authentication: ``MooncakeBackend(..., auth_key=secret)`` (``from_env`` reads ``WINDOWKIT_AUTH_KEY`` or
+``WINDOWKIT_AUTH_KEY_FILE``) MACs every value and derives every Mooncake key with the secret, so a client of
+the same master without it can neither forge an entry nor find one (see docs/security.md).
 """
 from __future__ import annotations
 
@@ -36,8 +40,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from windowkit.errors import SharedStoreError, StoreCorruptError, WindowkitError
-from windowkit.store.backend import Got, Item, namespace_prefix, new_stats, pack, unpack
+from windowkit.errors import SharedStoreError, StoreAuthError, StoreCorruptError, WindowkitError
+from windowkit.store.auth import EntryAuth, KeySpec, as_auth, auth_key_from_env
+from windowkit.store.backend import Got, Item, new_stats, pack, storage_key, storage_prefix, unpack
 
 ENV_PREFIX = "WINDOWKIT_MOONCAKE_"
 # Mooncake ErrorCode values (mooncake-store/include/types.h); the Python binding returns them as ints
@@ -182,15 +187,18 @@ class MooncakeBackend:
         config: a ``MooncakeConfig`` (default: ``MooncakeConfig.from_env()``).
         namespace: the model fingerprint; None lets ``ChunkStore(shared=...)`` set it to the store's.
         client: an already set-up ``MooncakeDistributedStore`` to use instead of connecting (tests, sharing).
+        auth_key: the deployment's secret (bytes or str, >= 16 bytes): values are HMAC-authenticated and keys
+            derived with it. None (default): unauthenticated, as before (``ChunkStore`` warns once).
 
     Raises ``WindowkitError`` if the ``mooncake`` package is missing and ``SharedStoreError`` if the master
     cannot be reached at construction.
     """
 
     def __init__(self, config: Optional[MooncakeConfig] = None, namespace: Optional[str] = None,
-                 client: Any = None) -> None:
+                 client: Any = None, auth_key: KeySpec = None) -> None:
         self.config = config if config is not None else MooncakeConfig.from_env()
         self.namespace = namespace
+        self.auth: Optional[EntryAuth] = as_auth(auth_key)
         self.stats = new_stats()
         self._worker = _Worker(self.config.workers)
         self._down_until = 0.0
@@ -201,9 +209,12 @@ class MooncakeBackend:
         self._client = client
 
     @classmethod
-    def from_env(cls, namespace: Optional[str] = None, **overrides: Any) -> "MooncakeBackend":
-        """A backend configured from ``WINDOWKIT_MOONCAKE_*`` variables (keywords override them)."""
-        return cls(MooncakeConfig.from_env(**overrides), namespace=namespace)
+    def from_env(cls, namespace: Optional[str] = None, auth_key: KeySpec = None,
+                 **overrides: Any) -> "MooncakeBackend":
+        """A backend configured from ``WINDOWKIT_MOONCAKE_*`` variables (keywords override them); its auth key
+        is ``auth_key`` or else ``WINDOWKIT_AUTH_KEY`` / ``WINDOWKIT_AUTH_KEY_FILE`` (none: unauthenticated)."""
+        auth = as_auth(auth_key) if auth_key is not None else as_auth(auth_key_from_env())  # key errors first
+        return cls(MooncakeConfig.from_env(**overrides), namespace=namespace, auth_key=auth)
 
     def _connect(self) -> Any:
         try:
@@ -232,8 +243,9 @@ class MooncakeBackend:
 
     # ---------------------------------------------------------------- guard
     def key(self, key: str) -> str:
-        """The Mooncake key of ``key``: namespaced by the model fingerprint."""
-        return namespace_prefix(self.namespace) + key
+        """The Mooncake key of ``key``: namespaced by the model fingerprint (with ``auth``: both derived with
+        the secret, see ``storage_key``)."""
+        return storage_key(self.namespace, key, self.auth)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         if self._closed:
@@ -274,7 +286,7 @@ class MooncakeBackend:
     # ---------------------------------------------------------------- protocol
     def put(self, key: str, value: bytes, meta: Optional[dict] = None) -> None:
         """Store ``value`` (+ ``meta``) under ``key``, replacing any value there."""
-        blob = pack(value, meta)
+        blob = pack(value, meta, auth=self.auth, namespace=self.namespace, key=key)
         rc = self._call(lambda: self._client.upsert(self.key(key), blob))
         if rc != 0:
             raise self._fail(f"put of {key!r}", rc)
@@ -295,9 +307,9 @@ class MooncakeBackend:
                 raise SharedStoreError(f"mooncake lists {key!r} but its value cannot be read", "missing")
             raise self._fail(f"get of {key!r}", rc)
         try:
-            got = unpack(blob)
-        except StoreCorruptError:
-            self._count(corrupt=1)
+            got = unpack(blob, auth=self.auth, namespace=self.namespace, key=key)
+        except StoreCorruptError as e:
+            self._count(**{"forged" if isinstance(e, StoreAuthError) else "corrupt": 1})
             self._drop(k)
             raise
         self._count(hits=1, bytes_read=len(blob))
@@ -320,7 +332,7 @@ class MooncakeBackend:
         if not items:
             return
         keys = [self.key(k) for k, _, _ in items]
-        blobs = [pack(v, m) for _, v, m in items]
+        blobs = [pack(v, m, auth=self.auth, namespace=self.namespace, key=k) for k, v, m in items]
         rc = self._call(lambda: self._client.upsert_batch(keys, blobs))
         if rc != 0:
             raise self._fail(f"put_batch of {len(items)}", rc)
@@ -340,14 +352,14 @@ class MooncakeBackend:
             if any(rc == 1 for rc in rcs):  # listed but unreadable (holder gone): misses, counted as errors
                 self._count(errors=sum(rc == 1 for rc in rcs))
         out: list[Got] = []
-        for k, b in zip(ks, blobs):
+        for key, k, b in zip(keys, ks, blobs):
             if not b:
                 out.append(None)
                 continue
             try:
-                out.append(unpack(b))
-            except StoreCorruptError:
-                self._count(corrupt=1)
+                out.append(unpack(b, auth=self.auth, namespace=self.namespace, key=key))
+            except StoreCorruptError as e:
+                self._count(**{"forged" if isinstance(e, StoreAuthError) else "corrupt": 1})
                 self._drop(k)
                 out.append(None)
                 continue
@@ -374,7 +386,7 @@ class MooncakeBackend:
 
     def clear(self) -> int:
         """Remove every value of this namespace (all workers'). Returns how many Mooncake reports removed."""
-        rc = self._call(lambda: self._client.remove_by_regex("^" + re.escape(self.key("")), True))
+        rc = self._call(lambda: self._client.remove_by_regex("^" + re.escape(storage_prefix(self.namespace, self.auth)), True))
         if rc < 0:
             raise self._fail("clear", rc)
         return int(rc)
@@ -397,7 +409,8 @@ class MooncakeBackend:
         self._client.close()
 
     def __repr__(self) -> str:
-        return f"MooncakeBackend(master={self.config.master!r}, namespace={self.namespace!r})"
+        return (f"MooncakeBackend(master={self.config.master!r}, namespace={self.namespace!r}, "
+                f"auth={'key ' + self.auth.key_id if self.auth else 'none'})")
 
 
 def _free_port() -> int:

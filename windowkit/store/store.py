@@ -30,6 +30,17 @@ from ``WINDOWKIT_MOONCAKE_*`` variables) is consulted after the local tiers and 
 so other processes reuse what this one computed. Any fault there (server gone, timeout, a value failing its
 sha256) is a counted miss (``stats.shared_fallbacks``), never an error and never a wrong value.
 
+Trust (off by default; docs/security.md): ``cache_salt="tenant-a"`` puts the store in a trust domain: the salt
+is mixed into the address of every entry in the shared tier and into ``store.chunk_key`` (hence every
+context hash chained from it), and a disk folder is bound to its domain, so domains never read each other's
+entries. ``auth_key=secret`` (bytes or str, >= 16 bytes) authenticates every entry written to the shared and
+disk tiers with an HMAC-SHA256 over its key, metadata and value (in place of the unkeyed sha256) and derives
+the shared tier's keys with the secret; an entry whose MAC fails is removed, never served, and counted as a
+miss (``stats.auth_failures``, ``shared_fallback_reasons["auth"]``). A shared tier other than an
+``EmbeddedBackend`` without a key warns once (``UnauthenticatedStoreWarning``)::
+
+    store = ChunkStore(model_fingerprint=fp, shared="mooncake", cache_salt="tenant-a", auth_key=secret)
+
 Corruption: a disk entry whose size, sha256 or header does not check out is dropped (file and index
 row) and counted in ``stats.corrupt_dropped``; then ``on_corrupt="raise"`` (default) raises
 ``StoreCorruptError`` and ``on_corrupt="miss"`` treats the read as a miss. Either way it is never served,
@@ -37,6 +48,7 @@ and the next get is a plain miss, so the caller recomputes and puts again.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -48,13 +60,15 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from policies.eviction import LRU, EvictionPolicy, PolicySpec, make_eviction_policy
-from windowkit.errors import ChunkNotFoundError, KVShapeError, SharedStoreError, StoreCorruptError, WindowkitError
+from windowkit.errors import (AuthKeyError, ChunkNotFoundError, KVShapeError, SharedStoreError, StoreAuthError,
+                              StoreCorruptError, WindowkitError)
 from windowkit.kv.layout import ChunkKV, KVLayout
 from windowkit.kv.patch import Patch
 from windowkit.store import cold as _cold
 from windowkit.store.cold import ColdTierConfig
-from windowkit.store.backend import StoreBackend
-from windowkit.store.disk import CorruptEntry, DiskTier, EntryId, Row, _header_metadata, layout_from_json, layout_to_json
+from windowkit.store.auth import EntryAuth, KeySpec, as_auth, domain_tag, warn_unauthenticated
+from windowkit.store.backend import EmbeddedBackend, StoreBackend
+from windowkit.store.disk import AuthFailed, CorruptEntry, DiskTier, EntryId, Row, _header_metadata, layout_from_json, layout_to_json
 from windowkit.store.keys import chunk_key
 
 CANONICAL, PATCH = "c", "p"
@@ -89,6 +103,7 @@ class StoreStats:
     shared_fallbacks: int = 0  # shared-tier calls that failed and were treated as misses / skipped writes
     shared_fallback_reasons: dict[str, int] = field(default_factory=dict)  # unavailable|timeout|corrupt|missing|full|layout|error
     shared_bytes_read: int = 0  # payload bytes served by the shared tier
+    auth_failures: int = 0  # entries (shared or disk) whose MAC failed: removed, never served, counted as misses
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -127,6 +142,10 @@ class ChunkStore:
             Then a put that needs room compresses the policy's victim instead of evicting it when that
             victim is an exact canonical that compresses (see docs/store.md, "Cold tier"); ``compress(key)``
             does it on demand.
+        cache_salt: the trust domain (e.g. a tenant id; default None: the shared, unsalted domain). Stores of
+            one domain share entries; stores of different domains never see each other's.
+        auth_key: the deployment's secret (bytes or str, >= 16 bytes; default None: unauthenticated). Every
+            entry written to the shared and disk tiers is HMAC-authenticated with it; see docs/security.md.
 
     Example::
 
@@ -139,7 +158,8 @@ class ChunkStore:
                  policy: PolicySpec = None, model_fingerprint: Optional[str] = None,
                  layout: Optional[KVLayout] = None, *, memory_budget_bytes: Optional[int] = None,
                  on_corrupt: Literal["raise", "miss"] = "raise", cold: Optional[ColdTierConfig] = None,
-                 shared: "StoreBackend | str | None" = None) -> None:
+                 shared: "StoreBackend | str | None" = None, cache_salt: Optional[str] = None,
+                 auth_key: KeySpec = None) -> None:
         if budget_bytes is not None and budget_bytes < 0:
             raise WindowkitError(f"budget_bytes must be >= 0 or None, got {budget_bytes}")
         if memory_budget_bytes is not None and (path is None or memory_budget_bytes < 0):
@@ -153,6 +173,11 @@ class ChunkStore:
             raise WindowkitError(str(e)) from None
         if cold is not None and not isinstance(cold, ColdTierConfig):
             raise WindowkitError(f"cold must be a ColdTierConfig or None, got {type(cold).__name__}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise WindowkitError("cache_salt is a string (a trust domain, e.g. a tenant id), got "
+                                 f"{type(cache_salt).__name__}")
+        self.cache_salt = cache_salt or ""
+        self._auth: Optional[EntryAuth] = as_auth(auth_key)
         self.budget_bytes = budget_bytes
         self.on_corrupt = on_corrupt
         self.cold = cold
@@ -168,7 +193,7 @@ class ChunkStore:
         self._model_fingerprint = model_fingerprint
         self._layout = layout
         if path is not None:
-            self._disk = DiskTier(path, model_fingerprint, layout)
+            self._disk = DiskTier(path, model_fingerprint, layout, auth=self._auth, domain=self.cache_salt)
             self._model_fingerprint, self._layout = self._disk.model_fingerprint, self._disk.layout
             self._mem_policy = LRU()
             self._mem_budget = budget_bytes if memory_budget_bytes is None else memory_budget_bytes
@@ -216,8 +241,14 @@ class ChunkStore:
             return sum(self._entries[e].nbytes for e in self._pins if e in self._entries)
 
     def chunk_key(self, content_hash: str) -> str:
-        """``chunk_key(content_hash, self.model_fingerprint)``."""
-        return chunk_key(content_hash, self._model_fingerprint)
+        """``chunk_key(content_hash, self.model_fingerprint, salt=self.cache_salt)``."""
+        return chunk_key(content_hash, self._model_fingerprint, self.cache_salt)
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether entries are MAC-checked: the disk tier (if any) and the shared tier (if any) both keyed."""
+        return (self._disk is None or self._auth is not None) and \
+            (self.shared is None or getattr(self.shared, "auth", None) is not None)
 
     def __len__(self) -> int:
         """Number of entries: canonicals plus patches."""
@@ -359,6 +390,11 @@ class ChunkStore:
                     pm = {k[len(_PATCH_PREFIX):]: v for k, v in header.items() if k.startswith(_PATCH_PREFIX)}
                     payload = _Payload(tensors, pm if eid[0] == PATCH else None)
                     obj = self._build(eid, payload)
+                except AuthFailed:  # forged or replaced: never served, a counted miss (the caller recomputes)
+                    self._remove(eid, evicted=False)
+                    self.stats.auth_failures += 1
+                    self.stats.misses += 1
+                    return None
                 except (CorruptEntry, KVShapeError, KeyError, ValueError) as err:
                     self._remove(eid, evicted=False)
                     self.stats.corrupt_dropped += 1
@@ -520,7 +556,8 @@ class ChunkStore:
             return n
 
     def verify(self) -> int:
-        """Read and checksum every disk entry now; drop the corrupt ones. Returns how many were dropped."""
+        """Read and checksum (with a key: authenticate) every disk entry now; drop the ones that fail.
+        Returns how many were dropped."""
         if self._disk is None:
             return 0
         dropped = 0
@@ -529,9 +566,12 @@ class ChunkStore:
             for eid, e in list(self._entries.items()):
                 try:
                     self._disk.read(e.row)  # type: ignore[arg-type]
-                except CorruptEntry:
+                except CorruptEntry as err:
                     self._remove(eid, evicted=False)
-                    self.stats.corrupt_dropped += 1
+                    if isinstance(err, AuthFailed):
+                        self.stats.auth_failures += 1
+                    else:
+                        self.stats.corrupt_dropped += 1
                     dropped += 1
         return dropped
 
@@ -552,7 +592,7 @@ class ChunkStore:
                 raise WindowkitError(f"shared must be a StoreBackend, 'mooncake' or None, got {shared!r}")
             from windowkit.store.mooncake import MooncakeBackend  # lazy: mooncake is an optional dependency
 
-            shared = MooncakeBackend.from_env(namespace=self._model_fingerprint)
+            shared = MooncakeBackend.from_env(namespace=self._model_fingerprint, auth_key=self._auth)
             self._owns_shared = True
         if not isinstance(shared, StoreBackend):
             raise WindowkitError(f"shared must implement StoreBackend, got {type(shared).__name__}")
@@ -563,11 +603,26 @@ class ChunkStore:
 
             raise ModelMismatchError(f"shared backend namespace {shared.namespace!r} is not this store's model "
                                      f"{self._model_fingerprint!r}")
+        theirs = getattr(shared, "auth", None)
+        if self._auth is not None:
+            if theirs is None:
+                if not hasattr(shared, "auth"):
+                    raise AuthKeyError(f"{type(shared).__name__} cannot authenticate entries (it has no 'auth' "
+                                       "attribute): use EmbeddedBackend or MooncakeBackend, or open without auth_key")
+                shared.auth = self._auth  # type: ignore[attr-defined]
+            elif theirs.key_id != self._auth.key_id:
+                raise AuthKeyError(f"the shared backend's auth key (id {theirs.key_id}) is not this store's "
+                                   f"(id {self._auth.key_id}): give both the same key")
+        elif theirs is None and not isinstance(shared, EmbeddedBackend):
+            warn_unauthenticated(f"the shared store tier ({type(shared).__name__})")
         self.shared = shared
 
-    @staticmethod
-    def _shared_key(eid: EntryId) -> str:
-        return f"{eid[0]}/{eid[1]}/{eid[2]}"
+    def _shared_key(self, eid: EntryId) -> str:
+        """``kind/key/ctx``; in a trust domain, a hash of the salt and the entry id (the backend derives its own
+        stored key from this, with the secret when it has one)."""
+        if not self.cache_salt:
+            return f"{eid[0]}/{eid[1]}/{eid[2]}"
+        return f"{eid[0]}/d-{_salted(self.cache_salt, eid)}/"
 
     def _shared_fault(self, reason: str) -> None:
         with self._lock:
@@ -590,6 +645,8 @@ class ChunkStore:
         kind, key, ctx = eid
         ident = {"format": "windowkit-shared/1", "kind": kind, "key": key, "ctx": ctx,
                  "model_fingerprint": self._model_fingerprint or ""}
+        if self.cache_salt:  # only then: unsalted entries keep today's bytes
+            ident["domain"] = domain_tag(self.cache_salt)
         header = {**{_PATCH_PREFIX + k: v for k, v in (patch_meta or {}).items()}, **ident}
         data = st_save({k: t.detach().to("cpu") for k, t in tensors.items()}, metadata=header)
         smeta = {**ident, "nbytes": nbytes, "meta": meta, "layout": layout_to_json(self._layout) if self._layout else None}
@@ -607,6 +664,10 @@ class ChunkStore:
         self._check_open()
         try:
             got = self.shared.get(self._shared_key(eid))  # type: ignore[union-attr]
+        except StoreAuthError:
+            got, reason = None, "auth"  # forged / replayed / another key's: the backend removed it
+            with self._lock:
+                self.stats.auth_failures += 1
         except StoreCorruptError:
             got, reason = None, "corrupt"  # the backend removed it
         except SharedStoreError as err:
@@ -653,8 +714,9 @@ class ChunkStore:
         """The object in a shared value, after checking it names ``eid`` and this model; ``CorruptEntry`` if not."""
         kind, key, ctx = eid
         if (smeta.get("kind"), smeta.get("key"), smeta.get("ctx")) != (kind, key, ctx) or \
-                smeta.get("model_fingerprint") != (self._model_fingerprint or ""):
-            raise CorruptEntry("shared value names another entry or model")
+                smeta.get("model_fingerprint") != (self._model_fingerprint or "") or \
+                smeta.get("domain", "") != (domain_tag(self.cache_salt) if self.cache_salt else ""):
+            raise CorruptEntry("shared value names another entry, model or trust domain")
         header = _header_metadata(data)
         if (header.get("kind"), header.get("key"), header.get("ctx")) != (kind, key, ctx):
             raise CorruptEntry("safetensors header names another entry")
@@ -743,6 +805,11 @@ def _eid(key: str, ctx: Optional[str]) -> EntryId:
     if not isinstance(key, str) or not key:
         raise ChunkNotFoundError(f"chunk keys are non-empty strings, got {key!r}")
     return (CANONICAL, key, "") if ctx is None else (PATCH, key, ctx)
+
+
+def _salted(salt: str, eid: EntryId) -> str:
+    """32 hex of sha256 over the trust domain and the entry id (JSON: no two (salt, id) pairs collide)."""
+    return hashlib.sha256(json.dumps(["domain", salt, *eid], separators=(",", ":")).encode()).hexdigest()[:32]
 
 
 def _is_cold_meta(meta: dict) -> bool:

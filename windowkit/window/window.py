@@ -134,6 +134,8 @@ class Window:
               than a prefix cache holding the previous window; where the edits (repairs, conditioned forwards,
               orbit forms) are modelled no cheaper, the step runs the prefix cache's plan instead: keep the
               unchanged prefix, prefill the rest in one forward (exact; ``stats.prefix_plans``)
+    cache_salt: trust domain of the Window's own store (docs/security.md); with ``store=``, set it on that store
+    auth_key: secret that authenticates the store's shared and disk entries (docs/security.md)
     """
 
     def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
@@ -141,7 +143,7 @@ class Window:
                  svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
                  orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy", basis=None,
                  fidelity: Union[str, float] = "balanced", repair: Union[str, "RepairRule", None] = None,
-                 cap: bool = True):
+                 cap: bool = True, cache_salt: Optional[str] = None, auth_key: Union[bytes, str, None] = None):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -150,8 +152,12 @@ class Window:
         # False for a cost-model backend (simulation): it never reads the cache, so the Window accounts for
         # relocations without doing their tensor work or assembling the window KV
         self._needs_past = bool(getattr(backend, "needs_past", True))
+        if store is not None and (cache_salt is not None or auth_key is not None):
+            raise WindowkitError("cache_salt and auth_key configure the Window's own store: pass them to the "
+                                 "ChunkStore given as store= instead")
         self.store = store if store is not None else ChunkStore(model_fingerprint=backend.fingerprint(),
-                                                                layout=backend.layout)
+                                                                layout=backend.layout, cache_salt=cache_salt,
+                                                                auth_key=auth_key)
         self.rank = rank
         self.mode: Mode = mode
         # opt-in shared patch basis (windowkit.kv.basis.SharedPatchBasis): fresh patches are stored as
