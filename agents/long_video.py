@@ -8,6 +8,7 @@
     for row in report.steps: print(row.kind, row.ops, row.delta, row.answer)
 
     agent = LongVideoAgent(model, window=6, record="run.jsonl")  # also write each step's window as a trace
+    chunks = agent.load_qwen_video("clip.mp4", fps=2.0, max_pixels=64 * 28 * 28)  # Qwen-style (docs/real-inputs.md)
 
 Each step holds ``window`` frames plus the question chunk at the tail and reaches that window with one
 ``win.assign([...frames..., question])``: on a slide the head frame is evicted (survivors only relocate)
@@ -35,7 +36,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-from agents.video_io import Frame, VideoError, read_frames, write_synthetic_video
+from agents.video_io import Frame, VideoError, read_frames, sample_qwen_video, write_synthetic_video
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, UnsupportedModelError, WindowkitError
 from windowkit.trace.record import recording
@@ -92,6 +93,135 @@ class FrameEncoder:
         ids = torch.tensor([start] + [pad] * n + [end], dtype=torch.long)
         return Chunk.image(ids, pixel_values=pv.to(self.dtype), image_grid_thw=grid, id=f"frame-{frame.index}",
                            frame_index=frame.index, time_s=frame.time_s)
+
+
+# ====================================================================== Qwen-style video: a chunk per temporal patch
+def byte_ids(text: str, vocab: int, low: int = 10) -> list[int]:
+    """A stand-in tokenizer for models without one (the tiny random models): each UTF-8 byte -> an id in
+    [low, vocab), skipping the special ids below ``low``.
+
+        byte_ids("<0.5 seconds>", 200)[:3]   # [70, 58, 56]
+    """
+    span = int(vocab) - int(low)
+    if span < 1:
+        raise WindowkitError(f"vocab {vocab} leaves no ids above {low}")
+    return [int(low) + (b % span) for b in text.encode("utf-8")]
+
+
+class QwenVideoEncoder:
+    """Turns a Qwen-style sampled video (``agents.video_io.QwenVideo``) into position-free video chunks, one per
+    temporal patch (``temporal_patch_size`` = 2 sampled frames: the unit the vision tower sees), each with its own
+    M-RoPE grid ``video_grid_thw = [[1, H/P, W/P]]``.
+
+        enc = QwenVideoEncoder(model)                                   # tiny or local Qwen2.5-VL / Qwen3-VL
+        video = sample_qwen_video("clip.mp4", image_patch_size=enc.patch, fps=2.0, max_pixels=64 * 28 * 28)
+        chunks = enc(video)                                              # [frame-0, frame-1, ...]
+
+    Pixels come from transformers' own video processor (``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor``,
+    with the checkpoint's ``preprocessor_config.json`` mean / std when it has one), run once over the whole
+    video, with ``do_resize=False`` (qwen-vl-utils already smart_resized the frames); chunk k holds rows
+    [k * H*W/P², (k+1) * H*W/P²) of its ``pixel_values_videos``, which are laid out temporal patch first.
+
+    Token ids, as the processors lay a video out:
+
+    * Qwen2.5-VL: ``[<vision_start>] + [<video_pad>] * n + [<vision_end>]`` with ``second_per_grid_ts =
+      temporal_patch_size / sample_fps`` (``Qwen2_5_VLProcessor``'s value). Every chunk is a one-patch video: the
+      processor's single ``<vs> ... <ve>`` around a whole video places all its patches at the same h / w
+      positions with t stepping by ``tokens_per_second * second_per_grid_ts``, which no sequence of
+      position-free chunks can reproduce (docs/real-inputs.md).
+    * Qwen3-VL: ``<{t:.1f} seconds>`` + ``[<vision_start>] + [<video_pad>] * n + [<vision_end>]`` per temporal
+      patch, exactly ``Qwen3VLProcessor``'s layout of the whole video, so the chunks placed back to back ARE the
+      processor's input. The timestamp is tokenized with ``timestamp_ids`` (default: the checkpoint's tokenizer,
+      else ``byte_ids``).
+    """
+
+    def __init__(self, model: Any, model_path: Optional[str] = None,
+                 timestamp_ids: Optional[Callable[[str], Sequence[int]]] = None):
+        cfg = model.config
+        vc = getattr(cfg, "vision_config", None)
+        needed = ("video_token_id", "vision_start_token_id", "vision_end_token_id")
+        family = str(getattr(cfg, "model_type", ""))
+        if vc is None or family not in ("qwen2_5_vl", "qwen3_vl") or any(getattr(cfg, n, None) is None for n in needed):
+            raise UnsupportedModelError(f"{type(model).__name__} ({family or 'no model_type'}) is not a Qwen2.5-VL / "
+                                        f"Qwen3-VL model (needs vision_config and {', '.join(needed)})")
+        self.family = family
+        self.patch = int(vc.patch_size)
+        self.merge = int(vc.spatial_merge_size)
+        self.temporal = int(getattr(vc, "temporal_patch_size", 2))
+        kw: dict = {}
+        for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+            if model_path and os.path.isfile(os.path.join(model_path, name)):
+                with open(os.path.join(model_path, name)) as f:
+                    pc = json.load(f)
+                kw = {k: pc[k] for k in ("image_mean", "image_std") if k in pc}
+                break
+        if family == "qwen3_vl":
+            from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor as VP
+        else:
+            from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor as VP
+        if "cap_pixels_per_frame" in getattr(getattr(VP, "valid_kwargs", None), "__annotations__", {}):
+            kw["cap_pixels_per_frame"] = False  # no effect without a resize; silences transformers' notice
+        self.processor = VP(patch_size=self.patch, temporal_patch_size=self.temporal, merge_size=self.merge,
+                            do_resize=False, do_sample_frames=False, **kw)
+        self.ids = (int(cfg.vision_start_token_id), int(cfg.video_token_id), int(cfg.vision_end_token_id))
+        self.dtype = next(model.parameters()).dtype
+        if timestamp_ids is None and family == "qwen3_vl":
+            timestamp_ids = self._default_timestamps(model, model_path)
+        self.timestamp_ids = timestamp_ids
+
+    @staticmethod
+    def _default_timestamps(model: Any, model_path: Optional[str]) -> Callable[[str], Sequence[int]]:
+        if model_path:
+            try:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+                return lambda s: tok(s, add_special_tokens=False)["input_ids"]
+            except Exception:  # no tokenizer files: the byte stand-in below
+                pass
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        return lambda s: byte_ids(s, vocab)
+
+    def process(self, video: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The video processor's (pixel_values_videos [T*H*W/P², C*2*P*P], video_grid_thw [[T, H/P, W/P]]) of the
+        whole video (frames already sampled and resized)."""
+        out = self.processor(videos=[video.frames], return_tensors="pt")
+        return out["pixel_values_videos"], torch.as_tensor(out["video_grid_thw"]).long()
+
+    def __call__(self, video: Any) -> list[Chunk]:
+        """One chunk per temporal patch, ids ``frame-<k>``; meta: ``frame_indices`` (the source frames it holds),
+        ``time_s`` (the patch's timestamp), ``sample_fps``."""
+        frames = video.frames
+        if frames.dim() != 4 or frames.shape[1] != 3 or frames.shape[0] < 1:
+            raise VideoError(f"expected frames [T, 3, H, W], got {tuple(frames.shape)}")
+        factor = self.patch * self.merge
+        if frames.shape[2] % factor or frames.shape[3] % factor:
+            raise VideoError(f"frames are {frames.shape[3]}x{frames.shape[2]}, not multiples of {factor}: sample with "
+                             f"image_patch_size={self.patch} (the model's patch size)")
+        pv, grid = self.process(video)
+        t, h, w = (int(x) for x in grid[0])
+        rows = h * w
+        if pv.shape[0] != t * rows:
+            raise VideoError(f"video processor gave {pv.shape[0]} rows for grid {(t, h, w)}")
+        n = rows // (self.merge * self.merge)
+        start, pad, end = self.ids
+        stamps = video.timestamps(self.temporal)
+        idx = list(video.indices) + [video.indices[-1]] * (-len(video.indices) % self.temporal)
+        secs = torch.tensor([self.temporal / float(video.sample_fps)])
+        out = []
+        for k in range(t):
+            body = [start] + [pad] * n + [end]
+            extra: dict = {}
+            if self.family == "qwen3_vl":
+                body = list(self.timestamp_ids(f"<{stamps[k]:.1f} seconds>")) + body
+            else:
+                extra["second_per_grid_ts"] = secs.clone()
+            out.append(Chunk.video(torch.tensor(body, dtype=torch.long),
+                                   pixel_values_videos=pv[k * rows:(k + 1) * rows].to(self.dtype),
+                                   video_grid_thw=torch.tensor([[1, h, w]]), id=f"frame-{k}",
+                                   frame_indices=tuple(idx[k * self.temporal:(k + 1) * self.temporal]),
+                                   time_s=float(stamps[k]), sample_fps=float(video.sample_fps), **extra))
+        return out
 
 
 # ====================================================================== the step plan
@@ -324,6 +454,8 @@ class LongVideoAgent:
         self.window = int(window)
         self.max_new_tokens = int(max_new_tokens)
         self.encoder = FrameEncoder(model, frame_size, model_path)
+        self._model, self._model_path = model, model_path
+        self._video_encoder: Optional[QwenVideoEncoder] = None  # built by load_qwen_video
         self.backend = HFBackend(model)
         if prefix is not None and not isinstance(prefix, Chunk):
             prefix = Chunk.text(torch.as_tensor(list(prefix), dtype=torch.long), id="__prefix__")
@@ -345,6 +477,22 @@ class LongVideoAgent:
         ``VideoError`` (a ``ChunkError``) on a missing, unreadable or empty video; nothing is admitted."""
         frames = read_frames(path, fps=fps, max_frames=max_frames)
         return [self.encoder(f) for f in frames]
+
+    def load_qwen_video(self, video: Any, timestamp_ids: Optional[Callable[[str], Sequence[int]]] = None,
+                        **sampling: Any) -> list[Chunk]:
+        """A video given the way a Qwen2.5-VL / Qwen3-VL user gives it, as position-free video chunks, one per
+        temporal patch (``QwenVideoEncoder``): a path plus qwen-vl-utils sampling arguments, a video element, or
+        Qwen-style messages holding one video. Frames are picked and resized by qwen-vl-utils' rules and read by
+        OpenCV (``agents.video_io.sample_qwen_video``). Raises ``VideoError`` before anything is admitted.
+
+            chunks = agent.load_qwen_video("clip.mp4", fps=2.0, max_pixels=64 * 28 * 28)
+            chunks = agent.load_qwen_video([{"role": "user", "content": [{"type": "video", "video": "clip.mp4",
+                                                                          "nframes": 8}]}])
+        """
+        if self._video_encoder is None or timestamp_ids is not None:
+            self._video_encoder = QwenVideoEncoder(self._model, self._model_path, timestamp_ids)
+        enc = self._video_encoder
+        return enc(sample_qwen_video(video, image_patch_size=enc.patch, **sampling))
 
     # ------------------------------------------------------------------ running
     def run(self, frames: Sequence[Chunk], plan: Sequence[Step], question_ids: Sequence[int] = (),
@@ -597,5 +745,5 @@ def binding_video(n_frames: int, seed: int = 0) -> tuple[list[Chunk], Callable[[
 
 
 __all__ = ["Ask", "binding_video", "BINDING_LOOKBACK", "FrameEncoder", "Step", "make_plan", "lookback_steps", "sample_video", "StepLog", "AgentReport", "PrefixCache", "LongVideoAgent",
-           "STAT_FIELDS",
+           "STAT_FIELDS", "QwenVideoEncoder", "byte_ids",
            "format_step_table", "format_step_row", "format_summary"]
