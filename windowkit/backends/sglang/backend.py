@@ -139,14 +139,15 @@ class SGLangBackend:
     @classmethod
     def launch_cpu(cls, model_path: str, kv_backend: Any, *, page_size: int = 16, spool_dir: Optional[str] = None,
                    stats_path: Optional[str] = None, log_path: Optional[str] = None, config: Any = None,
-                   share_exact: bool = True, **engine_kwargs: Any) -> "SGLangBackend":
+                   share_exact: bool = True, device: str = "cpu", **engine_kwargs: Any) -> "SGLangBackend":
         """Start a real SGLang Engine on this CPU (``cpu_engine.CPUEngine``: a child process with SGLang's CPU
         engine, ``torch_native`` attention, fp32, the sgl_kernel stand-in) with the windowkit linker; raises
-        ``cpu_engine.EngineStartError`` with SGLang's reason when it cannot start. ``shutdown()`` stops it."""
+        ``cpu_engine.EngineStartError`` with SGLang's reason when it cannot start. ``shutdown()`` stops it.
+        ``device="cuda"``: the same hosted Engine on one GPU with SGLang's own kernels (scripts/gpu_check.sh)."""
         from windowkit.backends.sglang.cpu_engine import CPUEngine
 
         engine = CPUEngine.start(model_path, linker=linker_config(kv_backend.fingerprint(), stats_path),
-                                 log_path=log_path, page_size=page_size, **engine_kwargs)
+                                 log_path=log_path, page_size=page_size, device=device, **engine_kwargs)
         if spool_dir is None:
             import tempfile
 

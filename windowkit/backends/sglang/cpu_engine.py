@@ -54,6 +54,12 @@ CPU_ENGINE_ARGS: dict[str, Any] = {
 }
 
 
+# The same hosted Engine on one CUDA GPU (scripts/gpu_check.sh runs the live tests with it): the plain SGLang
+# install (its own sgl_kernel, no stand-in, no CPU engine), fp32 and torch_native attention as on CPU, so the
+# comparisons with transformers' fp32 forward hold; only the device and its kernels (KV writes, RoPE) change.
+GPU_ENGINE_ARGS: dict[str, Any] = dict(CPU_ENGINE_ARGS, device="cuda")
+
+
 class EngineStartError(WindowkitError):
     """The SGLang Engine did not start; the message carries SGLang's reason and the tail of its log."""
 
@@ -74,10 +80,24 @@ def cpu_env(base: Optional[dict] = None, plugins: str = "windowkit") -> dict:
     return env
 
 
-def engine_args(model_path: str, linker: Optional[dict] = None, **overrides: Any) -> dict:
-    """``sglang.Engine`` keyword arguments for this CPU (``linker``: a ``linker_config()`` object, which
-    turns on the dynamic external linker, i.e. ``WindowkitLinker``)."""
-    kw = dict(CPU_ENGINE_ARGS, model_path=str(model_path))
+def gpu_env(base: Optional[dict] = None, plugins: str = "windowkit") -> dict:
+    """The environment of a hosted GPU Engine: SGLang's own kernels (no stand-in, no CPU engine)."""
+    env = dict(os.environ if base is None else base)
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                        if p and Path(p).resolve() != SHIM_DIR)
+    if plugins:
+        env["SGLANG_PLUGINS"] = plugins
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def engine_args(model_path: str, linker: Optional[dict] = None, device: str = "cpu", **overrides: Any) -> dict:
+    """``sglang.Engine`` keyword arguments for this CPU (``device="cuda"``: for one GPU) (``linker``: a
+    ``linker_config()`` object, which turns on the dynamic external linker, i.e. ``WindowkitLinker``)."""
+    if device not in ("cpu", "cuda"):
+        raise WindowkitError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    kw = dict(CPU_ENGINE_ARGS if device == "cpu" else GPU_ENGINE_ARGS, model_path=str(model_path))
     if linker is not None:
         kw.update(enable_unified_cache_external_linker=True, unified_cache_external_linker_backend="dynamic",
                   unified_cache_external_linker_config=linker)
@@ -104,14 +124,18 @@ class CPUEngine:
 
     @classmethod
     def start(cls, model_path: str, *, linker: Optional[dict] = None, log_path: Optional[str] = None,
-              timeout: float = 240.0, env: Optional[dict] = None, **overrides: Any) -> "CPUEngine":
-        """Start the host and its Engine; returns once the Engine is ready, else raises EngineStartError."""
-        kw = engine_args(model_path, linker, **overrides)
+              timeout: float = 240.0, env: Optional[dict] = None, device: str = "cpu",
+              **overrides: Any) -> "CPUEngine":
+        """Start the host and its Engine; returns once the Engine is ready, else raises EngineStartError.
+        ``device="cuda"``: the same host around an Engine on one GPU (``GPU_ENGINE_ARGS``, ``gpu_env``)."""
+        kw = engine_args(model_path, linker, device, **overrides)
+        if env is None:
+            env = cpu_env() if device == "cpu" else gpu_env()
         log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="windowkit-sglang-", suffix=".log")[1])
         r, w = os.pipe()
         with open(log, "ab") as logf:
             proc = subprocess.Popen([sys.executable, "-m", "windowkit.backends.sglang.cpu_engine", str(w), json.dumps(kw)],
-                                    stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env or cpu_env(),
+                                    stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                     pass_fds=(w,), start_new_session=True, text=True)
         os.close(w)
         eng = cls(proc, r, log, {})
@@ -195,6 +219,125 @@ class CPUEngine:
                 pass
 
     def __enter__(self) -> "CPUEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- the HTTP server (launch_server)
+def server_command(model_path: str, *, port: int, linker: Optional[dict] = None, host: str = "127.0.0.1",
+                   device: str = "cpu", **overrides: Any) -> list[str]:
+    """``python -m sglang.launch_server`` arguments equivalent to ``engine_args`` (the server's own flag names:
+    ``--cuda-graph-backend-* disabled`` instead of the deprecated ``--disable-cuda-graph``)."""
+    kw = engine_args(model_path, linker, device, **overrides)
+    kw.pop("disable_cuda_graph", None)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--host", host, "--port", str(int(port)),
+           "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+    for k, v in kw.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            cmd.append(flag)
+        elif v is False or v is None:
+            continue
+        else:
+            cmd += [flag, json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
+    return cmd
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class CPUServer:
+    """SGLang's HTTP server (``sglang.launch_server``) on loopback, as a subprocess of its own session, with
+    the windowkit linker and plugin; the same CPU arguments and environment as ``CPUEngine``.
+
+        srv = CPUServer.start(folder, linker=linker_config(hf.fingerprint(), stats_path))
+        srv.post("/generate", {"input_ids": ids, "sampling_params": {...}})
+        srv.close()                       # SIGTERM, then SIGKILL, of the server's process group
+    """
+
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, start_s: float):
+        self.proc, self.url, self.log_path, self.start_s = proc, url, log_path, start_s
+
+    @classmethod
+    def start(cls, model_path: str, *, linker: Optional[dict] = None, log_path: Optional[str] = None,
+              timeout: float = 300.0, port: Optional[int] = None, device: str = "cpu", env: Optional[dict] = None,
+              **overrides: Any) -> "CPUServer":
+        """Start the server and wait until ``/health_generate`` answers; raises EngineStartError with the
+        server's log tail if it exits or does not become healthy in ``timeout`` seconds."""
+        port = port or free_port()
+        log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="windowkit-sglang-server-", suffix=".log")[1])
+        cmd = server_command(model_path, port=port, linker=linker, device=device, **overrides)
+        t0 = time.perf_counter()
+        with open(log, "ab") as logf:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    env=env or (cpu_env() if device == "cpu" else gpu_env()), start_new_session=True)
+        srv = cls(proc, f"http://127.0.0.1:{port}", log, 0.0)
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                srv.kill()
+                raise EngineStartError(f"SGLang's server exited (status {proc.returncode}) before it was healthy\n"
+                                       f"--- server log ({log}) ---\n{_tail(log)}")
+            try:
+                if srv.get("/health_generate", timeout=30.0) is not None:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                srv.kill()
+                raise EngineStartError(f"SGLang's server was not healthy within {timeout:.0f} s\n"
+                                       f"--- server log ({log}) ---\n{_tail(log)}")
+            time.sleep(1.0)
+        srv.start_s = time.perf_counter() - t0
+        return srv
+
+    def _request(self, method: str, path: str, body: Optional[dict], timeout: float) -> Any:
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError:
+            return raw.decode("utf-8", "replace")
+
+    def get(self, path: str, timeout: float = 600.0) -> Any:
+        return self._request("GET", path, None, timeout)
+
+    def post(self, path: str, body: Optional[dict] = None, timeout: float = 600.0) -> Any:
+        """POST JSON; an HTTP error raises ``urllib.error.HTTPError`` (its body has SGLang's message)."""
+        return self._request("POST", path, body or {}, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> "CPUServer":
         return self
 
     def __exit__(self, *exc: Any) -> None:
