@@ -256,6 +256,8 @@ def build_strategies() -> dict[str, Strategy]:
                      note="Window(repair='sink:5'): first 5 tokens of every stale survivor recomputed"),
             Strategy("repair-sink:32", {"mode": "patch", "rank": 32, "repair": "sink:32"},
                      note="Window(repair='sink:32'): first 32 tokens of every stale survivor recomputed"),
+            Strategy("repair-head", {"mode": "patch", "rank": 32, "repair": "head"},
+                     note="Window(repair='head'): the first stale survivor recomputed wholly, the others kept"),
             Strategy("repair-head+sink:5", {"mode": "patch", "rank": 32, "repair": "head+sink:5"},
                      note="Window(repair='head+sink:5') = fidelity='balanced'"),
             Strategy("repair-all", {"mode": "patch", "rank": 32, "repair": "all"},
