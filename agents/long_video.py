@@ -320,11 +320,7 @@ class AgentReport:
     ms_per_token: float = 0.0  # exact-window prefill ms per token (for modeled prefix-cache time)
 
     def totals(self) -> dict:
-        out = {k: 0 for k in STAT_FIELDS + ("vision_calls",)}
-        for r in self.steps:
-            for k in out:
-                out[k] += r.delta.get(k, 0)
-        return out
+        return sum_deltas(self.steps, STAT_FIELDS + ("vision_calls",))
 
     def summary(self) -> dict:
         """Aggregates for the summary table."""
@@ -361,6 +357,15 @@ class AgentReport:
             for key in ("windowkit", "exact", "blind"):
                 d[key] = None if d[key] is None else d[key] / d["n"]
         return out
+
+
+def sum_deltas(steps: Sequence[Any], fields: Sequence[str]) -> dict:
+    """Each of ``fields`` summed over the steps' ``delta`` dicts (a field a step lacks counts 0): a run's totals."""
+    out = {k: 0 for k in fields}
+    for r in steps:
+        for k in out:
+            out[k] += r.delta.get(k, 0)
+    return out
 
 
 def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:

@@ -52,6 +52,16 @@ class Frame:
 _COLOURS = [(40, 40, 230), (40, 200, 40), (230, 120, 30), (30, 220, 230), (200, 40, 200)]
 
 
+def parse_size(text: str, ap: Any, flag: str = "--size") -> tuple[int, int]:
+    """A command line's ``WxH`` (e.g. ``"336x224"``) as ``(w, h)``; anything else is a usage error of the
+    ``argparse`` parser ``ap`` (``ap.error``: the message, exit status 2)."""
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        ap.error(f"{flag} must be WxH, got {text!r}")
+    return w, h
+
+
 def synthetic_frame(i: int, size: tuple[int, int] = (96, 72), n_shapes: int = 3) -> np.ndarray:
     """Frame ``i`` (BGR uint8 [H, W, 3]) of a deterministic video of coloured shapes moving on a dark
     background: circles and squares on Lissajous paths, so every frame differs from its neighbours."""

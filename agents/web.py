@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from agents.long_video import FrameEncoder, _common_prefix_tokens, _kl
+from agents.long_video import FrameEncoder, _common_prefix_tokens, _kl, sum_deltas
 from agents.video_io import Frame
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
@@ -104,11 +104,7 @@ class WebReport:
     distinct_screenshots: int = 0
 
     def totals(self) -> dict:
-        out = {k: 0 for k in STAT_FIELDS}
-        for r in self.steps:
-            for k in out:
-                out[k] += r.delta.get(k, 0)
-        return out
+        return sum_deltas(self.steps, STAT_FIELDS)
 
     def summary(self) -> dict:
         kls = [r.kl for r in self.steps if r.kl is not None]

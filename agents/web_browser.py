@@ -51,7 +51,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from agents.long_video import FrameEncoder, _common_prefix_tokens, _kl, byte_ids
+from agents.long_video import FrameEncoder, _common_prefix_tokens, _kl, byte_ids, sum_deltas
 from agents.video_io import Frame
 from agents.web import ScreenshotError
 from windowkit.chunk import Chunk
@@ -609,11 +609,7 @@ class BrowserReport:
     vision_calls: int = 0
 
     def totals(self) -> dict:
-        out = {k: 0 for k in STAT_FIELDS + ("vision_calls",)}
-        for r in self.steps:
-            for k in out:
-                out[k] += r.delta.get(k, 0)
-        return out
+        return sum_deltas(self.steps, STAT_FIELDS + ("vision_calls",))
 
 
 class BrowserAgent:

@@ -73,6 +73,7 @@ def main(argv=None) -> int:
 
     from agents.long_video import (BINDING_LOOKBACK, LongVideoAgent, binding_video, format_step_row, format_step_table,
                                    format_summary, lookback_steps, make_plan, sample_video)
+    from agents.video_io import parse_size
     from policies.refresh import make_refresh
     from windowkit.backends.hf import load_model
     from windowkit.models.binding.task import N_TAGS
@@ -80,10 +81,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     t_start = time.perf_counter()
-    try:
-        w, h = (int(x) for x in args.size.lower().split("x"))
-    except ValueError:
-        ap.error(f"--size must be WxH, got {args.size!r}")
+    w, h = parse_size(args.size, ap)
     try:
         make_refresh(args.refresh)
     except ValueError as e:

@@ -45,16 +45,14 @@ def main(argv=None) -> int:
 
     from agents.web_browser import (CHATML, DEMO_TASK, BrowserAgent, Chromium, KeywordPolicy, LocalSite, ModelPolicy,
                                     Prompts, demo_site, format_step_header, format_step_row, plot_run)
+    from agents.video_io import parse_size
     from windowkit.backends.hf import load_model
     from windowkit.errors import WindowkitError
     from windowkit.trace import read_trace
 
     torch.set_num_threads(max(1, args.threads))
     t_start = time.perf_counter()
-    try:
-        w, h = (int(x) for x in args.size.lower().split("x"))
-    except ValueError:
-        ap.error(f"--size must be WxH, got {args.size!r}")
+    w, h = parse_size(args.size, ap)
     record = args.record
     tmp = None
     if args.plot and not record:

@@ -58,16 +58,14 @@ def main(argv=None) -> int:
 
     import torch
 
+    from agents.video_io import parse_size
     from agents.web import WebAgent, format_step_header, format_step_row, format_summary, synthetic_screenshot
     from windowkit.backends.hf import load_model
     from windowkit.errors import WindowkitError
 
     torch.set_num_threads(max(1, args.threads))
     t_start = time.perf_counter()
-    try:
-        w, h = (int(x) for x in args.size.lower().split("x"))
-    except ValueError:
-        ap.error(f"--size must be WxH, got {args.size!r}")
+    w, h = parse_size(args.size, ap)
     if args.steps < 1:
         ap.error("--steps must be >= 1")
     try:

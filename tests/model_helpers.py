@@ -18,6 +18,13 @@ def mla():
     return wk.HFBackend(build("tiny-deepseek-v3"))
 
 
+@pytest.fixture(scope="module")
+def model():
+    """The tiny Qwen2.5-VL (vision-language) model of the agent tests, built once per module."""
+    torch.set_num_threads(1)
+    return build("tiny-qwen2.5-vl")
+
+
 def text(be, n, seed, id=None):
     """An ``n``-token random text chunk (seeded) within the backend's vocabulary."""
     g = torch.Generator().manual_seed(seed)

@@ -16,16 +16,10 @@ from agents.long_video import STAT_FIELDS, LongVideoAgent, Step, _kl, format_sum
 from agents.video_io import VideoError, read_frames, write_synthetic_video  # noqa: E402
 from windowkit.errors import ChunkError, WindowkitError  # noqa: E402
 
+from model_helpers import model  # noqa: E402,F401  (module-scoped fixture, tests/model_helpers.py)
+
 QUESTION = [11, 23, 47, 88, 120, 59]
 PROMPT = [31, 77]
-
-
-@pytest.fixture(scope="module")
-def model():
-    from windowkit.backends.tiny import build
-
-    torch.set_num_threads(1)
-    return build("tiny-qwen2.5-vl")
 
 
 @pytest.fixture(scope="module")

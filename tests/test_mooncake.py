@@ -23,17 +23,16 @@ import torch
 from safetensors.torch import load_file
 
 import windowkit as wk
-from windowkit.backends.tiny import build
 from windowkit.errors import ModelMismatchError, SharedStoreError, StoreCorruptError, WindowkitError
-from windowkit.kv.layout import ChunkKV, KVLayout
+from windowkit.kv.layout import ChunkKV
 from windowkit.kv.patch import Patch
 from windowkit.store import ChunkStore, EmbeddedBackend, StoreBackend
 from windowkit.store.backend import MAGIC, namespace_prefix, pack, unpack
 from windowkit.store.mooncake import LocalMooncake, MooncakeBackend, MooncakeConfig
 
+from store_helpers import CHUNKS, LAYOUT, QUERY, be, kl, mc, reference_logits, text  # noqa: F401  (tests/store_helpers.py; be, mc: module-scoped fixtures)
+
 ROOT = Path(__file__).resolve().parents[1]
-QUERY = torch.tensor([11, 12, 13, 14])
-LAYOUT = KVLayout("llama", 2, ((2, 8), (2, 8)), 0)
 
 
 # ------------------------------------------------------------------ helpers
@@ -64,40 +63,7 @@ def same_patch(a: Patch, b: Patch) -> bool:
         for k in a.factors) and (a.num_tokens, a.rank, a.energy, a.meta) == (b.num_tokens, b.rank, b.energy, b.meta)
 
 
-def text(n: int, seed: int, id: str) -> wk.Chunk:
-    g = torch.Generator().manual_seed(seed)
-    return wk.Chunk.text(torch.randint(10, 128, (n,), generator=g), id=id)
-
-
-CHUNKS = [(12, 1, "a"), (10, 2, "b"), (14, 3, "c")]  # (tokens, seed, id): the same chunks in both processes
-
-
-def reference_logits(be, chunks) -> torch.Tensor:
-    """transformers' own forward over [chunks · query]: the re-prefill ground truth."""
-    ids = torch.cat([c.input_ids for c in chunks] + [QUERY])
-    with torch.no_grad():
-        return be.model(input_ids=ids[None], position_ids=torch.arange(len(ids))[None]).logits[0, -1].float()
-
-
-def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    lp, lq = torch.log_softmax(p_logits.double(), -1), torch.log_softmax(q_logits.double(), -1)
-    return float((lp.exp() * (lp - lq)).sum())
-
-
 # ------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module")
-def be():
-    torch.set_num_threads(1)
-    return wk.HFBackend(build("tiny-qwen2"))
-
-
-@pytest.fixture(scope="module")
-def mc():
-    """One loopback Mooncake Store (master + a 256 MiB holder) for the tests that do not stop it."""
-    with LocalMooncake(segment_bytes=256 << 20) as m:
-        yield m
-
-
 @pytest.fixture
 def mc_fresh():
     """A Mooncake Store of its own, for tests that kill or freeze the master."""

@@ -21,24 +21,23 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 import windowkit as wk
-from windowkit.backends.tiny import build
 from windowkit.errors import (AuthKeyError, StoreAuthError, StoreCorruptError, TrustDomainError,
                               UnauthenticatedStoreWarning, WindowkitError)
-from windowkit.kv.layout import ChunkKV, KVLayout
+from windowkit.kv.layout import ChunkKV
 from windowkit.kv.patch import Patch
 from windowkit.store import ChunkStore, EmbeddedBackend, chunk_key, context_hash, orbit_context_hash
 from windowkit.store import auth as auth_mod
 from windowkit.store.auth import EntryAuth, auth_key_from_env
 from windowkit.store.backend import MAGIC, MAGIC_AUTH, namespace_prefix, pack, unpack
 from windowkit.store.disk import _header_metadata
-from windowkit.store.mooncake import LocalMooncake, MooncakeBackend
+from windowkit.store.mooncake import MooncakeBackend
 
 hypothesis = need("hypothesis", "pip install hypothesis (or: make venv)")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-LAYOUT = KVLayout("llama", 2, ((2, 8), (2, 8)), 0)
-QUERY = torch.tensor([11, 12, 13, 14])
+from store_helpers import CHUNKS, LAYOUT, QUERY, be, kl, mc, reference_logits, text  # noqa: E402,F401  (tests/store_helpers.py; be, mc: module-scoped fixtures)
+
 KEY = b"windowkit-test-key-0123456789abcdef"  # 35 bytes: the deployment's secret
 KEY_OLD = b"windowkit-old-key-0123456789abcdef"  # the key before a rotation
 KEY_ATTACKER = b"attacker-own-key-0123456789abcdef"  # a key the attacker made up
@@ -64,26 +63,6 @@ def same_kv(a: ChunkKV, b: ChunkKV) -> bool:
 def same_patch(a: Patch, b: Patch) -> bool:
     return a.factors.keys() == b.factors.keys() and all(
         torch.equal(a.factors[k][0], b.factors[k][0]) and torch.equal(a.factors[k][1], b.factors[k][1]) for k in a.factors)
-
-
-def text(n: int, seed: int, id: str) -> wk.Chunk:
-    g = torch.Generator().manual_seed(seed)
-    return wk.Chunk.text(torch.randint(10, 128, (n,), generator=g), id=id)
-
-
-CHUNKS = [(12, 1, "a"), (10, 2, "b"), (14, 3, "c")]
-
-
-def reference_logits(be, chunks) -> torch.Tensor:
-    """transformers' own forward over [chunks · query]: the re-prefill ground truth."""
-    ids = torch.cat([c.input_ids for c in chunks] + [QUERY])
-    with torch.no_grad():
-        return be.model(input_ids=ids[None], position_ids=torch.arange(len(ids))[None]).logits[0, -1].float()
-
-
-def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    lp, lq = torch.log_softmax(p_logits.double(), -1), torch.log_softmax(q_logits.double(), -1)
-    return float((lp.exp() * (lp - lq)).sum())
 
 
 def split_envelope(blob: bytes) -> tuple[dict, bytes]:
@@ -118,19 +97,6 @@ def mooncake_keys(store: ChunkStore) -> dict[tuple, str]:
 
 
 # ------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module")
-def be():
-    torch.set_num_threads(1)
-    return wk.HFBackend(build("tiny-qwen2"))
-
-
-@pytest.fixture(scope="module")
-def mc():
-    """One loopback Mooncake Store (master + a 256 MiB holder) for this module."""
-    with LocalMooncake(segment_bytes=256 << 20) as m:
-        yield m
-
-
 def moon(mc, **kw) -> MooncakeBackend:
     return MooncakeBackend(mc.config(timeout_s=10.0), **kw)
 

@@ -46,48 +46,31 @@ from _need import need  # noqa: E402
 need("sglang", "make .venv/.windowkit-sglang-installed (pip install --no-deps -r requirements-sglang.txt "
                "-r requirements-sglang-engine.txt)")
 
-from windowkit.backends.hf import HFBackend, load_model  # noqa: E402
 from windowkit.benchmarks import real_tasks  # noqa: E402
 from windowkit.backends.sglang import PLAN_KEY, Segment, SGLangBackend, linker_config, plan_request  # noqa: E402
-from windowkit.backends.sglang.cpu_engine import SHIM_DIR, EngineStartError  # noqa: E402
+from windowkit.backends.sglang.cpu_engine import SHIM_DIR  # noqa: E402
 from windowkit.chunk import Chunk  # noqa: E402
 from windowkit.kv.metrics import kl_divergence  # noqa: E402
 from windowkit.models import smollm2  # noqa: E402
 from windowkit.store import ChunkStore  # noqa: E402
 from windowkit.window import Window  # noqa: E402
 
+from sglang_helpers import CHUNK, NEW, PAGE, SmolWindow, running  # noqa: E402  (tests/sglang_helpers.py)
+
 # scripts/gpu_check.sh runs this module with WINDOWKIT_SGLANG_DEVICE=cuda: the same Engine host and tests, the
 # Engine on one GPU with SGLang's own kernels (no stand-in); HFBackend stays on the CPU (fp32 reference)
 DEVICE = os.environ.get("WINDOWKIT_SGLANG_DEVICE", "cpu")
-PAGE = 16
-CHUNK = 64
-NEW = 6  # greedy tokens compared
-TEXTS = (
-    "The harbour town of Kelport keeps a lighthouse painted red and white. Its keeper, Mara, logs every ship "
-    "that passes, noting the weather, the cargo and the flag of each one. ",
-    "In the spring the fishing fleet returns with herring and cod, and the market square fills with stalls "
-    "selling rope, nets, fresh bread and smoked fish to the sailors. ",
-    "Last winter a storm broke the harbour wall, and the town council voted to rebuild it with granite from "
-    "the northern quarry, paid for by a tax on every barrel of oil. ",
-)
-QUESTION = " Question: what colour is the lighthouse? Answer:"
 SHIM_NAMES = ("copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu", "assign_extend_cache_locs_cpu",
               "assign_draft_cache_locs_contiguous_cpu", "build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu",
               "fill_accept_out_cache_loc_cpu", "fill_bonus_tokens_cpu")
 
 
-class Live:
+class Live(SmolWindow):
     """The running engine, the HF backend over the same folder, the token ids and the linker's stats."""
 
     def __init__(self, tmp: Path):
-        torch.set_num_threads(1)  # the engine's scheduler computes on the other core
-        self.tok = tok = smollm2.load_tokenizer()
-        self.ids = [tok(t * 2)["input_ids"][:CHUNK] for t in TEXTS]  # each text twice: >= 64 tokens
+        super().__init__(tmp)
         assert all(len(x) == CHUNK for x in self.ids)
-        self.q = tok(QUESTION)["input_ids"]
-        self.hf = HFBackend(load_model("smollm2"))
-        self.vocab = int(self.hf.model.config.vocab_size)
-        self.stats_path = tmp / "linker_stats.json"
         self.log_path = tmp / "engine.log"
         os.makedirs(tmp / "spool", exist_ok=True)
         # share_exact=False: an exact plan gets a salt too, so it never finds the pages the engine's own
@@ -99,21 +82,6 @@ class Live:
         self._ref_lp = None
         self._own = None
 
-    def window(self, mode: str) -> Window:
-        """[A, B, C], then A evicted: the window is [B, C] at positions 0..127."""
-        w = Window(self.hf, rank=16, mode=mode)
-        for name, ids in zip("ABC", self.ids):
-            w.admit(Chunk.text(torch.tensor(ids), id=name))
-        w.evict("head")
-        return w
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.ids[1] + self.ids[2] + self.q
-
-    def stats(self) -> dict:
-        return json.loads(self.stats_path.read_text()) if self.stats_path.exists() else {}
-
     def restart(self, tmp: Path) -> None:
         """Shut the Engine down and start a fresh one (empty radix tree, a new linker and plan registry)."""
         self.sg.shutdown()
@@ -123,15 +91,6 @@ class Live:
                                            log_path=str(tmp / "engine_restarted.log"), share_exact=False,
                                            device=DEVICE)
         self.engine = self.sg.engine
-
-    def next_token_logprobs(self, out: dict) -> torch.Tensor:
-        """The engine's full-vocabulary next-token log-probabilities of a 1-token request."""
-        top = out["meta_info"]["output_top_logprobs"][0]
-        assert len(top) == self.vocab
-        lp = torch.full((self.vocab,), float("-inf"), dtype=torch.float64)
-        for value, token, _ in top:
-            lp[int(token)] = value
-        return lp
 
     def logprob_request(self) -> dict:
         return {"sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "return_logprob": True,
@@ -153,14 +112,8 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    try:
-        lv = Live(tmp_path_factory.mktemp("sglang_live"))
-    except EngineStartError as e:
-        pytest.fail(f"the SGLang Engine did not start on CPU; SGLang's reason:\n{e}", pytrace=False)
-    try:
-        yield lv
-    finally:
-        lv.sg.shutdown()
+    yield from running(lambda: Live(tmp_path_factory.mktemp("sglang_live")),
+                       "the SGLang Engine did not start on CPU; SGLang's reason", lambda lv: lv.sg.shutdown())
 
 
 def _load_shim():

@@ -18,7 +18,6 @@ If the server cannot start, the tests fail with its log (never skipped).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -32,56 +31,27 @@ need("sglang", "make .venv/.windowkit-sglang-installed (pip install --no-deps -r
 for _mod, _pkg in (("jsonschema", "jsonschema"), ("soundfile", "soundfile"), ("python_multipart", "python-multipart")):
     need(_mod, f"pip install --no-deps {_pkg} (SGLang's HTTP server imports it; see docs/backends.md)")
 
-from windowkit.backends.hf import HFBackend, load_model  # noqa: E402
 from windowkit.backends.sglang import PLAN_KEY, linker_config, plan_request  # noqa: E402
-from windowkit.backends.sglang.cpu_engine import CPUServer, EngineStartError  # noqa: E402
+from windowkit.backends.sglang.cpu_engine import CPUServer  # noqa: E402
 from windowkit.chunk import Chunk  # noqa: E402
 from windowkit.kv.metrics import kl_divergence  # noqa: E402
 from windowkit.models import smollm2  # noqa: E402
 from windowkit.window import Window  # noqa: E402
 
-PAGE, CHUNK, NEW = 16, 64, 6
-TEXTS = (
-    "The harbour town of Kelport keeps a lighthouse painted red and white. Its keeper, Mara, logs every ship "
-    "that passes, noting the weather, the cargo and the flag of each one. ",
-    "In the spring the fishing fleet returns with herring and cod, and the market square fills with stalls "
-    "selling rope, nets, fresh bread and smoked fish to the sailors. ",
-    "Last winter a storm broke the harbour wall, and the town council voted to rebuild it with granite from "
-    "the northern quarry, paid for by a tax on every barrel of oil. ",
-)
-QUESTION = " Question: what colour is the lighthouse? Answer:"
+from sglang_helpers import CHUNK, NEW, PAGE, SmolWindow, running  # noqa: E402  (tests/sglang_helpers.py)
+
 GREEDY = {"max_new_tokens": NEW, "temperature": 0.0}
 
 
-class Served:
+class Served(SmolWindow):
     def __init__(self, tmp: Path):
-        torch.set_num_threads(1)
-        self.tok = smollm2.load_tokenizer()
-        self.ids = [self.tok(t * 2)["input_ids"][:CHUNK] for t in TEXTS]
-        self.q = self.tok(QUESTION)["input_ids"]
-        self.hf = HFBackend(load_model("smollm2"))
-        self.vocab = int(self.hf.model.config.vocab_size)
-        self.stats_path = tmp / "linker_stats.json"
+        super().__init__(tmp)
         self.spool = str(tmp / "spool")
         os.makedirs(self.spool, exist_ok=True)
         self.srv = CPUServer.start(str(smollm2.checkpoint_dir()),
                                    linker=linker_config(self.hf.fingerprint(), str(self.stats_path)),
                                    log_path=str(tmp / "server.log"), page_size=PAGE)
         self._own = None
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.ids[1] + self.ids[2] + self.q
-
-    def stats(self) -> dict:
-        return json.loads(self.stats_path.read_text()) if self.stats_path.exists() else {}
-
-    def window(self, mode: str) -> Window:
-        w = Window(self.hf, rank=16, mode=mode)
-        for name, ids in zip("ABC", self.ids):
-            w.admit(Chunk.text(torch.tensor(ids), id=name))
-        w.evict("head")
-        return w
 
     def plan(self, mode: str, sampling_params: dict, **kw):
         """(plan, /generate body) for the ``mode`` window; exact plans are salted too (share_exact=False), so
@@ -102,25 +72,11 @@ class Served:
     def own_greedy(self) -> list[int]:
         return self.own()["output_ids"]
 
-    def logprobs(self, out: dict) -> torch.Tensor:
-        top = out["meta_info"]["output_top_logprobs"][0]
-        assert len(top) == self.vocab
-        lp = torch.full((self.vocab,), float("-inf"), dtype=torch.float64)
-        for value, token, *_ in top:
-            lp[int(token)] = value
-        return lp
-
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    try:
-        sv = Served(tmp_path_factory.mktemp("sglang_server"))
-    except EngineStartError as e:
-        pytest.fail(f"SGLang's HTTP server did not start on CPU; its reason:\n{e}", pytrace=False)
-    try:
-        yield sv
-    finally:
-        sv.srv.close()
+    yield from running(lambda: Served(tmp_path_factory.mktemp("sglang_server")),
+                       "SGLang's HTTP server did not start on CPU; its reason", lambda sv: sv.srv.close())
 
 
 def _delta(before: dict, after: dict, key: str) -> int:
@@ -148,10 +104,10 @@ def test_blind_plan_over_http_reaches_the_kl_hf_predicts(served):
     kl_hf = kl_divergence(exact.forward(served.q), win.forward(served.q))
     one = {"max_new_tokens": 1, "temperature": 0.0}
     lp = {"return_logprob": True, "top_logprobs_num": served.vocab}
-    ref = served.logprobs(served.srv.post("/generate", {"input_ids": served.prompt, "sampling_params": one, **lp}))
+    ref = served.next_token_logprobs(served.srv.post("/generate", {"input_ids": served.prompt, "sampling_params": one, **lp}))
     _, req = served.plan("blind", one)
     before = served.stats()
-    got = served.logprobs(served.srv.post("/generate", {**req, **lp}))
+    got = served.next_token_logprobs(served.srv.post("/generate", {**req, **lp}))
     after = served.stats()
     assert _delta(before, after, "applied") == 1 and _delta(before, after, "fallbacks") == 0
     kl_sg = kl_divergence(ref, got)

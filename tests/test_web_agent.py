@@ -17,6 +17,8 @@ need("PIL", "pip install pillow (in requirements.txt: make venv)")
 from agents.web import STAT_FIELDS, ScreenshotError, WebAgent, format_summary, synthetic_screenshot  # noqa: E402
 from windowkit.errors import ChunkError, WindowkitError  # noqa: E402
 
+from model_helpers import model  # noqa: E402,F401  (module-scoped fixture, tests/model_helpers.py)
+
 STEPS = 5
 WINDOW = 3
 
@@ -36,14 +38,6 @@ def _prompts():
     g = torch.Generator().manual_seed(0)  # vocab of the tiny model is 200; ids 3..6 are vision specials
     return (torch.randint(10, 200, (16,), generator=g).tolist(), torch.randint(10, 200, (3,), generator=g).tolist(),
             torch.randint(10, 200, (2,), generator=g).tolist())
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.set_num_threads(1)
-    from windowkit.backends.tiny import build
-
-    return build("tiny-qwen2.5-vl")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ from agents.web_browser import (CHATML, DEMO_TASK, BrowserAgent, BrowserError, C
                                 plot_run)
 from windowkit.errors import WindowkitError  # noqa: E402
 
+from model_helpers import model  # noqa: E402,F401  (module-scoped fixture, tests/model_helpers.py)
+
 try:
     from vl_inputs import model_inputs
 except ImportError:  # pragma: no cover
@@ -56,14 +58,6 @@ def site():
 def browser():
     with Chromium(viewport=VIEWPORT, executable=_chromium()) as b:
         yield b
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.set_num_threads(1)
-    from windowkit.backends.tiny import build
-
-    return build("tiny-qwen2.5-vl")
 
 
 @pytest.fixture(scope="module")

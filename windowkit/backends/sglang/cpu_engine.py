@@ -113,6 +113,18 @@ def _tail(path: Path, n: int = 6000) -> str:
     return data[-n:].decode("utf-8", "replace")
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group and reap ``proc`` (waiting at most 30 s)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class CPUEngine:
     """Client of an SGLang Engine hosted in a child process (see the module docstring)."""
 
@@ -204,14 +216,7 @@ class CPUEngine:
 
     def kill(self) -> None:
         """SIGKILL the host's process group (the host, SGLang's scheduler and detokenizer)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
+        _kill_group(self.proc)
         for f in (self._reply, self.proc.stdin):
             try:
                 f.close()
@@ -328,14 +333,7 @@ class CPUServer:
         self.kill()
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
+        _kill_group(self.proc)
 
     def __enter__(self) -> "CPUServer":
         return self
