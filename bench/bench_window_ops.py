@@ -1,0 +1,112 @@
+"""Per-op planning cost of the real Window on the cost-model backend (issue "Cheap and still right": at most
+100 us per Window op on a 64-chunk window), and the simulator's steps per minute through the real Window
+against ``windowkit-fast`` (trace/fastsim.py) on the same sliding trace.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py      # writes bench/results/window_ops.{json,md}
+
+A sliding step is ``evict("head")``, ``admit(new)`` at the tail, ``forward(query)``; each op is timed on its own
+(perf_counter around the call), medians and p90 over the measured steps after a warm-up. The store grows by one
+chunk per step (unbounded). The JSON records the load average before and after: on a shared machine, compare
+ratios within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import windowkit as wk  # noqa: E402
+from windowkit.trace import simulate  # noqa: E402
+from windowkit.trace.backend import CostModelBackend  # noqa: E402
+from windowkit.trace.costs import load_profile  # noqa: E402
+from windowkit.trace.fastsim import WindowkitFast  # noqa: E402
+from windowkit.trace.generators import sliding_window  # noqa: E402
+from windowkit.trace.simulate import WindowkitStrategy  # noqa: E402
+
+TARGET_US = 100.0
+
+
+def ops(k: int, steps: int, warmup: int = 50) -> dict:
+    """Median / p90 microseconds of evict, admit and forward on a ``k``-chunk sliding window."""
+    be = CostModelBackend(load_profile("h100-kamera"))
+    win = wk.Window(be)
+    for i in range(k):
+        win.admit(be.chunk(f"c{i}", 64, "text"))
+    win.forward([1, 2])
+    chunks = [be.chunk(f"c{k + s}", 64, "text") for s in range(warmup + steps)]
+    times: dict[str, list[float]] = {"evict": [], "admit": [], "forward": []}
+    for s, c in enumerate(chunks):
+        t0 = time.perf_counter()
+        win.evict("head")
+        t1 = time.perf_counter()
+        win.admit(c)
+        t2 = time.perf_counter()
+        win.forward([1, 2])
+        t3 = time.perf_counter()
+        if s >= warmup:
+            times["evict"].append(t1 - t0)
+            times["admit"].append(t2 - t1)
+            times["forward"].append(t3 - t2)
+    out = {}
+    for op, ts in times.items():
+        ts.sort()
+        out[op] = {"median_us": statistics.median(ts) * 1e6, "p90_us": ts[int(0.9 * len(ts))] * 1e6}
+    per_op = [x for ts in times.values() for x in ts]
+    out["all_ops"] = {"median_us": statistics.median(per_op) * 1e6,
+                      "mean_us": statistics.fmean(per_op) * 1e6}
+    return out
+
+
+def sim(k: int, steps: int) -> dict:
+    """Simulated steps per minute through the real Window and through windowkit-fast on one sliding trace."""
+    trace = sliding_window(steps=steps, k=k, episode_len=(10 ** 6, 10 ** 6), shot_tokens=64)
+    res = {}
+    for strat in (WindowkitStrategy(), WindowkitFast()):
+        t = time.perf_counter()
+        r = simulate(trace, strategies=[strat], progress=False)
+        dt = time.perf_counter() - t
+        res[strat.name] = {"steps_per_min": steps / dt * 60, "total_ms": r.summary()["strategies"][strat.name]["total_ms"]}
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--json", default=str(ROOT / "bench/results/window_ops.json"))
+    ap.add_argument("--md", default=str(ROOT / "bench/results/window_ops.md"))
+    a = ap.parse_args(argv)
+    load0 = os.getloadavg()[0]
+    rows = {k: ops(k, a.steps) for k in (8, 64)}
+    sims = {k: sim(k, a.steps) for k in (8, 64)}
+    out = {"bench": "window_ops", "target_us": TARGET_US, "steps": a.steps, "python": platform.python_version(),
+           "cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": "PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py", "ops": rows, "simulate": sims}
+    Path(a.json).write_text(json.dumps(out, indent=1))
+    lines = [f"Window ops on the cost-model backend ({a.steps} sliding steps after 50 warm-up; load average "
+             f"{load0:.1f} before, {out['loadavg_after']:.1f} after; {out['date']})", "",
+             "| k | evict median / p90 us | admit median / p90 us | forward median / p90 us | all ops median us | "
+             "simulated steps/min: real Window / windowkit-fast | same total_ms |", "|---|---|---|---|---|---|---|"]
+    for k in rows:
+        r, s = rows[k], sims[k]
+        same = abs(s["windowkit"]["total_ms"] - s["windowkit-fast"]["total_ms"]) < 1e-6 * max(1.0, s["windowkit"]["total_ms"])
+        lines.append(f"| {k} | {r['evict']['median_us']:.0f} / {r['evict']['p90_us']:.0f} | "
+                     f"{r['admit']['median_us']:.0f} / {r['admit']['p90_us']:.0f} | "
+                     f"{r['forward']['median_us']:.0f} / {r['forward']['p90_us']:.0f} | {r['all_ops']['median_us']:.0f} | "
+                     f"{s['windowkit']['steps_per_min']:.0f} / {s['windowkit-fast']['steps_per_min']:.0f} | {same} |")
+    Path(a.md).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
