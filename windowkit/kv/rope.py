@@ -16,6 +16,8 @@ then has one delta per axis. A uniform shift (dt = dh = dw) is a plain 1-D rotat
 """
 from __future__ import annotations
 
+import operator
+
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence, Union
 
@@ -184,14 +186,11 @@ def _angles(delta: Delta, spec: RopeSpec, keys: torch.Tensor) -> torch.Tensor:
         seq = list(delta)  # per-axis triple
         if len(seq) != 3:
             raise KVShapeError(f"a per-axis delta needs 3 entries (t, h, w), got {len(seq)}")
-        if spec.n_axes != 3 and len(set(int(x) for x in seq)) != 1:
+        if spec.n_axes != 3 and len(set(_int_delta(x) for x in seq)) != 1:
             raise KVShapeError("per-axis deltas differ but the RoPE spec is 1-D")
-        per_freq = torch.tensor([float(int(x)) for x in seq], dtype=torch.float32, device=keys.device)
+        per_freq = torch.tensor([float(_int_delta(x)) for x in seq], dtype=torch.float32, device=keys.device)
         return per_freq[spec.axis.to(keys.device)] * inv
-    try:
-        return torch.tensor(float(int(delta)), dtype=torch.float32, device=keys.device) * inv
-    except (TypeError, ValueError):
-        raise KVShapeError(f"delta must be an int, a (dt, dh, dw) tuple or a tensor, got {delta!r}") from None
+    return torch.tensor(float(_int_delta(delta)), dtype=torch.float32, device=keys.device) * inv
 
 
 def _exact_angles(delta: Delta, spec: RopeSpec, positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -321,12 +320,23 @@ def shift_positions(positions: torch.Tensor, delta: Delta) -> torch.Tensor:
     return positions + int(delta)
 
 
+def _int_delta(x: object) -> int:
+    """A position offset as an int: ints (numpy's too) and integral floats; anything else is a KVShapeError
+    (a fractional offset is never truncated into a wrong rotation)."""
+    try:
+        return operator.index(x)  # type: ignore[arg-type]
+    except TypeError:
+        if isinstance(x, float) and x.is_integer():
+            return int(x)
+        raise KVShapeError(f"delta must be an int, a (dt, dh, dw) tuple or a tensor, got {x!r}") from None
+
+
 def _is_zero(delta: Delta) -> bool:
     if isinstance(delta, torch.Tensor):
         return bool((delta == 0).all())
     if isinstance(delta, (list, tuple)):
-        return all(int(x) == 0 for x in delta)
-    return int(delta) == 0
+        return all(_int_delta(x) == 0 for x in delta)
+    return _int_delta(delta) == 0
 
 
 def bf16_ulp(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,260 @@
+"""Tests written against surviving mutants of windowkit/window/plan.py (make mutate; docs/testing.md, "Mutation
+testing"). Every expected token count is worked out by hand from the rules in plan.py's docstrings (assign's
+order of edits: evictions, survivor moves, one repair, inserts, one repair), never read back from windowkit.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from windowkit.errors import WindowkitError
+from windowkit.window.plan import (RepairRule, StepChoice, WindowView, choose_step, common_prefix, edit_tokens,
+                                   longest_increasing, measured_front, movers_of, orbit_forwards, repair_rule,
+                                   rule_for_kl)
+
+# ----------------------------------------------------------------------------------------------- repair rules
+
+
+def test_rule_counts_by_hand():
+    assert RepairRule.parse("head+sink:5").counts([40, 40, 3]) == [40, 5, 3]
+    assert RepairRule.parse("sink:2").counts([1, 5, 9]) == [1, 2, 2]
+    assert RepairRule.parse("head").counts([7, 8]) == [7, 0]
+    assert RepairRule.parse("all").counts([3, 4]) == [3, 4]
+    assert RepairRule.parse("none").counts([3, 4]) == [0, 0]
+
+
+def test_rule_parse_spellings():
+    none = RepairRule.parse(None)
+    assert none == RepairRule("none") and none.is_none
+    for s in ("none", "keep", "keep-as-is", " NONE "):
+        assert RepairRule.parse(s) == RepairRule("none")
+    for s in ("all", "exact", "All"):
+        r = RepairRule.parse(s)
+        assert r == RepairRule("all", full=True) and not r.is_none
+    assert RepairRule.parse("head") == RepairRule("head", head=True)
+    assert RepairRule.parse(" Head + Sink : 0 ") == RepairRule("head+sink:0", sink=0, head=True)
+    assert RepairRule.parse("sink:3") == RepairRule("sink:3", sink=3)
+    assert RepairRule.parse("head+sink:12") == RepairRule("head+sink:12", sink=12, head=True)
+    r = RepairRule("sink:4", sink=4)
+    assert RepairRule.parse(r) is r
+    assert not RepairRule("sink:1", sink=1).is_none and not RepairRule("head", head=True).is_none
+
+
+@pytest.mark.parametrize("spec", ["sink:0", "sink:-2", "sink:x", "head+sink:-1", "head+sink:", "sinks:3", "half"])
+def test_rule_parse_rejects(spec):
+    with pytest.raises(WindowkitError, match=r"not understood: use 'none', 'sink:N' \(N >= 1\), 'head\+sink:N' "
+                                             r"\(N >= 0\), 'head' or 'all'"):
+        RepairRule.parse(spec)
+
+
+def test_rule_parse_rejects_non_strings_by_type():
+    with pytest.raises(WindowkitError, match="got int"):
+        RepairRule.parse(5)
+
+
+FRONT = {"none": {"cost_share": 0.0, "mean_kl": 0.5}, "sink:1": {"cost_share": 0.1, "mean_kl": 0.05},
+         "head": {"cost_share": 0.3, "mean_kl": 0.01}, "all": {"cost_share": 1.0, "mean_kl": 0.0}}
+
+
+def test_rule_for_kl_picks_the_cheapest_rule_within_the_target():
+    assert rule_for_kl(1.0, FRONT) == "none"
+    assert rule_for_kl(0.5, FRONT) == "none"       # at the target counts
+    assert rule_for_kl(0.05, FRONT) == "sink:1"
+    assert rule_for_kl(0.02, FRONT) == "head"
+    assert rule_for_kl(0.0, FRONT) == "all"
+    assert rule_for_kl(0.0, {"none": {"cost_share": 0.0, "mean_kl": 0.5}}) == "all"  # none within: exact
+
+
+@pytest.mark.parametrize("bad", [-1e-3, float("nan")])
+def test_rule_for_kl_rejects_negative_and_nan(bad):
+    with pytest.raises(WindowkitError, match="nats >= 0"):
+        rule_for_kl(bad, FRONT)
+
+
+def test_measured_front_errors_name_the_file(tmp_path):
+    bad = tmp_path / "broken.json"
+    bad.write_text("{}")
+    with pytest.raises(WindowkitError, match="cannot read the measured repair front .*broken.json"):
+        measured_front(bad)
+    good = tmp_path / "good.json"
+    good.write_text('{"rules": {"none": {"cost_share": 0.0, "mean_kl": 0.25}}}')
+    assert measured_front(good) == {"none": {"cost_share": 0.0, "mean_kl": 0.25}}
+
+
+def test_repair_rule_presets_and_override():
+    assert repair_rule() == RepairRule("head+sink:5", sink=5, head=True)
+    assert repair_rule("balanced") == RepairRule("head+sink:5", sink=5, head=True)
+    assert repair_rule("exact") == RepairRule("all", full=True)
+    assert repair_rule("fast") == RepairRule("none")
+    assert repair_rule("balanced", "sink:2") == RepairRule("sink:2", sink=2)
+    assert repair_rule("exact", RepairRule("none")) == RepairRule("none")
+    for bad in (True, "nope", None):
+        with pytest.raises(WindowkitError, match="fidelity must be one of exact, balanced, fast or a next-token KL"):
+            repair_rule(bad)
+
+
+# ----------------------------------------------------------------------------------------------- matching helpers
+
+
+def test_longest_increasing_by_hand():
+    assert longest_increasing([2, 0, 1], ["a", "b", "c"]) == ["b", "c"]
+    assert longest_increasing([], []) == []
+    assert longest_increasing([3, 1, 2, 0, 4], list("abcde")) == ["b", "c", "e"]
+    assert longest_increasing([0, 1, 2], list("abc")) == ["a", "b", "c"]
+    assert len(longest_increasing([1, 1], ["a", "b"])) == 1  # strictly increasing
+
+
+def test_movers_of_by_hand():
+    assert movers_of(["a", "b", "c"], ["c", "a", "b"]) == (["c"], False)
+    assert movers_of(["a", "b", "c"], ["a", "b", "c"]) == ([], False)
+    mv, one = movers_of(["a", "b", "c"], ["c", "b", "a"])   # only one can stay: two of three move
+    assert len(mv) == 2 and one is True
+    assert movers_of(["a", "b"], ["b", "a"])[1] is False     # one of two moves: not more than half
+
+
+def test_orbit_forwards_by_hand():
+    assert [orbit_forwards(k) for k in range(5)] == [1, 1, 2, 6, 24]
+    assert orbit_forwards(5) == 24 and orbit_forwards(9, samples=10) == 10 and orbit_forwards(3, samples=2) == 6
+    assert orbit_forwards(4, samples=10) == 24  # K <= 4: every ordering, whatever the sample count
+
+
+def test_common_prefix_by_hand():
+    assert common_prefix(["a", "b", "c"], ["a", "b", "x"]) == 2
+    assert common_prefix([], ["a"]) == 0 and common_prefix(["a"], ["a", "b"]) == 1
+    assert common_prefix(["x", "b"], ["a", "b"]) == 0
+
+
+# ----------------------------------------------------------------------------------------------- step costs
+
+TOK = {"a": 10, "b": 20, "c": 30, "d": 40, "e": 50}
+HEAD5 = RepairRule.parse("head+sink:5")
+
+
+def view(ids=("a", "b", "c"), ante=None, *, canonical=True, patch=(), orbit=(), exact=(), prefix=0):
+    """A window whose entries are all exactly conditioned (each on the entries before it) unless ``ante`` says.
+    ``canonical``: True (every chunk's canonical is stored), False (none) or the set of ids whose is."""
+    ids = list(ids)
+    ante = [tuple(ids[:i]) for i in range(len(ids))] if ante is None else ante
+    canon = set(TOK) if canonical is True else set() if canonical is False else set(canonical)
+    return WindowView(ids, ante, TOK, lambda c: c in canon, lambda c, a: (c, tuple(a)) in patch,
+                      lambda c, a: (c, tuple(a)) in orbit, prefix, lambda c, a: (c, tuple(a)) in exact)
+
+
+def test_evicting_the_head_repairs_the_survivors():
+    # [a b c] -> [b c]: both survivors stale; head+sink:5 recomputes b wholly (20) and 5 of c
+    assert edit_tokens(view(), ["b", "c"], HEAD5) == 25
+    assert choose_step(view(), ["b", "c"], HEAD5) == StepChoice("edit", 0, 50, 25)
+    assert edit_tokens(view(), ["b", "c"], RepairRule.parse("sink:1")) == 2
+    assert edit_tokens(view(), ["b", "c"], RepairRule("none")) == 0
+    # "all" recomputes 20 + 30 = the prefix cache's 50: a tie goes to the prefix cache (exact)
+    assert choose_step(view(), ["b", "c"], RepairRule.parse("all")) == StepChoice("prefill", 0, 50, 50)
+
+
+def test_evicting_the_tail_costs_nothing():
+    assert edit_tokens(view(), ["a", "b"], HEAD5) == 0
+    assert choose_step(view(), ["a", "b"], HEAD5) == StepChoice("prefill", 2, 0, 0)
+
+
+def test_appending_is_one_conditioned_forward():
+    assert edit_tokens(view(), ["a", "b", "c", "d"], HEAD5) == 40
+    assert choose_step(view(), ["a", "b", "c", "d"], HEAD5) == StepChoice("prefill", 3, 40, 40)
+
+
+def test_inserting_in_the_middle():
+    # d placed behind a: 40 (one conditioned forward); b and c behind it go stale: head b (20) + 5 of c
+    assert edit_tokens(view(), ["a", "d", "b", "c"], HEAD5) == 65
+    assert choose_step(view(), ["a", "d", "b", "c"], HEAD5) == StepChoice("edit", 1, 90, 65)
+    # a stored patch (with its canonical) or the exact KV for that context makes the placement free
+    assert edit_tokens(view(patch={("d", ("a",))}), ["a", "d", "b", "c"], HEAD5) == 25
+    assert edit_tokens(view(patch={("d", ("a",))}, canonical=False), ["a", "d", "b", "c"], HEAD5) == 65
+    assert edit_tokens(view(exact={("d", ("a",))}), ["a", "d", "b", "c"], HEAD5) == 25
+    # an orbit patch is not used for a plain insert
+    assert edit_tokens(view(orbit={("d", ("a",))}), ["a", "d", "b", "c"], HEAD5) == 65
+
+
+def test_inserting_at_the_front_with_and_without_a_prefix():
+    # nothing in front: d's canonical is its KV at 0 (free when stored, else its prefill); a b c go stale
+    assert edit_tokens(view(), ["d", "a", "b", "c"], HEAD5) == 10 + 5 + 5
+    assert edit_tokens(view(canonical=False), ["d", "a", "b", "c"], HEAD5) == 40 + 10 + 5 + 5
+    # a fixed prefix in front: d is conditioned on it, one forward
+    assert edit_tokens(view(prefix=7), ["d", "a", "b", "c"], HEAD5) == 40 + 20
+
+
+def test_reorder_one_pass_forms_orbit_patches():
+    # [a b c] -> [c b a] as one reorder: c at 0 (canonical, free); b behind (c): orbit over its 1! = 1 ordering,
+    # forwards of 30 + 20 tokens; a behind (c, b): 2! = 2 orderings of 30 + 20 + 10 tokens -> 50 + 120
+    assert edit_tokens(view(), ["c", "b", "a"], HEAD5, reorder=True) == 170
+    assert edit_tokens(view(), ["c", "b", "a"], HEAD5) == 170          # two of three move: one reorder
+    assert choose_step(view(), ["c", "b", "a"], HEAD5) == StepChoice("prefill", 0, 60, 170)
+    # stored orbit patches make it free
+    orbits = {("b", ("c",)), ("a", ("c", "b"))}
+    assert edit_tokens(view(orbit=orbits), ["c", "b", "a"], HEAD5, reorder=True) == 0
+    # a prefix in front of the window: every member is behind something (prefix 7 counted in each forward)
+    assert edit_tokens(view(prefix=7), ["c", "b", "a"], HEAD5, reorder=True) == (
+        1 * (7 + 30) + 1 * (7 + 30 + 20) + 2 * (7 + 30 + 20 + 10))
+
+
+def test_reorder_as_moves():
+    # reorder=False: c and b are evicted and re-inserted: c at 0 (canonical, free), b behind c (20); a is then
+    # stale behind (c, b) and is the head of the repair: 10
+    assert edit_tokens(view(), ["c", "b", "a"], HEAD5, reorder=False) == 30
+    assert choose_step(view(), ["c", "b", "a"], HEAD5, reorder=False) == StepChoice("edit", 0, 60, 30)
+    # one mover of three: moved, not reordered: [a b c] -> [c a b]: c to the front (free), a b stale: 10 + 5
+    assert edit_tokens(view(), ["c", "a", "b"], HEAD5) == 15
+
+
+def test_already_stale_survivors_are_repaired_after_an_eviction():
+    # b was placed blind (its KV formed on nothing); evicting c leaves it behind a, but nothing changed in front
+    # of b, so the repair after the eviction (from c's index on) does not touch it
+    v = view(ante=[(), (), ("a", "b")])
+    assert edit_tokens(v, ["a", "b"], HEAD5) == 0
+    # evicting a: b moves to the front, where its KV (formed on nothing) is exact; c is the only stale survivor,
+    # so it is the head of the repair: wholly, 30
+    assert edit_tokens(v, ["b", "c"], HEAD5) == 30
+
+
+def test_costs_are_integers_and_finite():
+    c = choose_step(view(), ["a", "d", "b", "c"], HEAD5)
+    assert all(isinstance(x, int) and math.isfinite(x) for x in (c.keep, c.prefill_tokens, c.edit_tokens))
+
+
+def test_canonical_is_asked_for_the_placed_chunk():
+    # d's patch for (a,) is stored; the placement is free only with d's own canonical
+    v = view(patch={("d", ("a",))}, canonical={"a", "b", "c", "d"})
+    assert edit_tokens(v, ["a", "d", "b", "c"], HEAD5) == 25
+    v = view(patch={("d", ("a",))}, canonical={"a", "b", "c"})
+    assert edit_tokens(v, ["a", "d", "b", "c"], HEAD5) == 65
+
+
+def test_a_one_token_prefix_is_a_prefix():
+    assert edit_tokens(view(prefix=1), ["d", "a", "b", "c"], HEAD5) == 40 + 20
+
+
+def test_reorder_without_canonicals_pays_their_encodes():
+    # c at 0 without a canonical: its prefill (30); b: its encode 20 + 1 * (30 + 20); a: 10 + 2 * (30 + 20 + 10)
+    assert edit_tokens(view(canonical=False), ["c", "b", "a"], HEAD5, reorder=True) == 30 + 70 + 130
+
+
+def test_two_evictions_repair_from_the_first():
+    # [a b c d] -> [b d]: a and c evicted; b and d stale from index 0: head b (20) + 5 of d
+    assert edit_tokens(view(("a", "b", "c", "d")), ["b", "d"], HEAD5) == 25
+
+
+def test_two_inserts_repair_from_the_first():
+    # [a b c] -> [a d b e c]: d behind (a) 40, e behind (a d b) 50; then b (head, 20) and 5 of c are stale,
+    # e was formed exactly where it stands
+    assert edit_tokens(view(), ["a", "d", "b", "e", "c"], HEAD5) == 40 + 50 + 20 + 5
+
+
+def test_repair_starts_at_the_edit():
+    # b was already stale before the step (formed on nothing); evicting c repairs from c's index only: d, the
+    # head of that repair, wholly (40); b is left as it is
+    v = view(("a", "b", "c", "d"), ante=[(), (), ("a", "b"), ("a", "b", "c")])
+    assert edit_tokens(v, ["a", "b", "d"], HEAD5) == 40
+
+
+def test_a_context_of_the_right_length_but_other_ids_is_stale():
+    # d was formed behind (x, c): after b's eviction it stands at index 2 behind (a, c): same length, other ids
+    v = view(("a", "b", "c", "d"), ante=[(), ("a",), ("a", "b"), ("x", "c")])
+    assert edit_tokens(v, ["a", "c", "d"], HEAD5) == 30 + 5
