@@ -459,8 +459,8 @@ class Window:
         if self.mode != "patch":
             return []
         self._settle()
-        ids = self.ids
-        return [e.id for i, e in enumerate(self._entries) if len(e.ante) != i or e.ante != tuple(ids[:i])]
+        entries = list(self._entries)
+        return [entries[i].id for i in self._stale(entries, [e.id for e in entries], 0, len(entries))]
 
     def plan(self) -> list[Edit]:
         """Edits ``materialize`` will run now, with estimated ms and bytes (no tensor work)."""
@@ -913,10 +913,10 @@ class Window:
             hint = _CONTEXT_HINTS[st] = set()
         return hint
 
-    def _note_context(self, ante: Sequence[str]) -> None:
-        """Something is stored under the context of ``ante``: record it and all its prefixes as known."""
+    def _note_context(self, ctx: str, ante: Sequence[str]) -> None:
+        """Something is stored under ``ctx``, the context of ``ante``: record it and all its prefixes as known."""
         hint = self._context_hint()
-        if hint is None:
+        if hint is None or ctx in hint:  # prefix-closed: a known context's prefixes are known too
             return
         h = context_root(self._prefix_key)
         hint.add(h)
@@ -936,7 +936,7 @@ class Window:
             return
         kv0 = kv if start == 0 or not self._needs_past else kv.relocate(-start, self.backend.rope)
         self.store.put_canonical(conditioned_key(e.key, ctx), kv0, {"chunk_id": e.id, "context": ctx})
-        self._note_context(ante)
+        self._note_context(ctx, ante)
 
     def _exact_upto(self, idx: int) -> bool:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
@@ -957,7 +957,7 @@ class Window:
             p = self.basis.strip(self.basis.encode(d, self.rank, meta=meta, register=False))
         self.stats.patch_forms += 1
         self.store.put_patch(e.key, ctx, p)  # basis-backed: coefficients only (S·m per layer-slot)
-        self._note_context(ante)
+        self._note_context(ctx, ante)
 
     def _condition_orbit(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
         if not ante:  # only the prefix (or nothing) in front: one ordering, the ordinary fresh patch
@@ -1088,7 +1088,7 @@ class Window:
         if not pairs:
             return
         starts = self.starts()
-        if not getattr(self.backend, "supports_recompute", False):
+        if not self._recomputes:
             f = stale[0]
             res = self._run([x.chunk for x in entries[f:]], starts[f], self._kv_upto(f))
             self.stats.fallbacks += 1
@@ -1107,8 +1107,8 @@ class Window:
                 parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
             past = concat(parts) if parts else None
         else:  # a backend that never reads the past (cost model): only the relocations are counted
-            self._relocate_all([entries[j] for j in range(last + 1) if j not in full], [starts[j] for j in range(last + 1)
-                                                                                          if j not in full])
+            moved = [j for j in range(last + 1) if j not in full]
+            self._relocate_all([entries[j] for j in moved], [starts[j] for j in moved])
             past = None
         total = sum(k for _, k in pairs)
         res = self.backend.recompute(past, [entries[i].chunk for i, _ in pairs], [starts[i] for i, _ in pairs],
