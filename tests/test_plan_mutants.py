@@ -43,8 +43,8 @@ def test_rule_parse_spellings():
 
 @pytest.mark.parametrize("spec", ["sink:0", "sink:-2", "sink:x", "head+sink:-1", "head+sink:", "sinks:3", "half"])
 def test_rule_parse_rejects(spec):
-    with pytest.raises(WindowkitError, match=r"not understood: use 'none', 'sink:N' \(N >= 1\), 'head\+sink:N' "
-                                             r"\(N >= 0\), 'head' or 'all'"):
+    with pytest.raises(WindowkitError, match=r"not understood: use 'none', 'all', or one or more of 'head', 'sink:N' "
+                                             r"\(N >= 1; 0 after head\), 'query:N' \(N >= 1\) joined by '\+'"):
         RepairRule.parse(spec)
 
 

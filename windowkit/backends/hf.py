@@ -369,6 +369,52 @@ class HFBackend:
             return outs, out.logits[0, -1].float()
         return outs
 
+    def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1,
+                        lookahead: int = 0) -> torch.Tensor:
+        """How much the query reads each past token: [past.num_tokens] attention weights, summed over heads and
+        averaged over layers, of the query's last ``rows`` tokens and of ``lookahead`` greedy tokens decoded after
+        it (a row sums to the head count over past + query + decoded tokens).
+
+            att = backend.query_attention(win.window_kv(), Chunk.text(question_ids), win.next_position)
+
+        ``lookahead=1`` reads where the first answer token looks: a chat model's first token after the question is
+        often a space or a template token, and it is the token after it that copies the fact. Forwards of the
+        query (and each decoded token) over ``past`` with transformers' eager attention (the only one that returns
+        the weights), switched back after the call. Text LLM families only (those with ``recompute``).
+        """
+        if not self.supports_recompute:
+            raise UnsupportedModelError(f"query attention is read for text LLM families, not {self.model_type!r}")
+        if past is None or past.num_tokens == 0:
+            raise ChunkError("query_attention: no past KV to attend to")
+        if int(lookahead) < 0:
+            raise ChunkError(f"query_attention: lookahead must be >= 0, got {lookahead}")
+        s_len, q = past.num_tokens, len(query)
+        rows = max(1, min(int(rows), q))
+        cache = self.make_cache(past)
+        kw = {self.adapter.cache_kw: cache, "use_cache": True}
+        if self.adapter.has_logits_to_keep:
+            kw["logits_to_keep"] = 1
+        embeds, pos = self.embeds(query).embeds[None], torch.arange(int(start), int(start) + q, device=self.device)
+        picked: list[torch.Tensor] = []  # per forward: [L, s_len] of its rows
+        impl = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
+        try:
+            for step in range(1 + int(lookahead)):
+                with torch.no_grad():
+                    out = self.model(inputs_embeds=embeds, position_ids=pos[None], output_attentions=True, **kw)
+                self.stats.forwards += 1
+                self.stats.forward_tokens += int(pos.numel())
+                r = rows if step == 0 else 1
+                # per layer [1, H, new, s_len + ...] -> the last r rows over the past, summed over heads
+                picked.append(torch.stack([a[0, :, -r:, :s_len].float().sum(0).sum(0) for a in out.attentions]))
+                if step < int(lookahead):
+                    tok = out.logits[0, -1].argmax().reshape(1, 1)
+                    embeds = self.model.get_input_embeddings()(tok.to(self.device))
+                    pos = pos[-1:] + 1
+        finally:
+            self.model.set_attn_implementation(impl)
+        return (torch.stack(picked).sum(0).mean(0) / (rows + int(lookahead))).cpu()
+
     # ------------------------------------------------------------------ self-check
     def _verify_relocation(self) -> None:
         """Refuse a model whose cached keys do not re-rotate exactly (wrong layout, scaled or dynamic RoPE)."""

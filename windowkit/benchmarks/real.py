@@ -21,7 +21,8 @@ Strategies (``STRATEGIES``: name -> Strategy; a new one is one line): exact re-p
 answers; cost = tokens after the first changed position), blind, patch keep-as-is (rank 32), patch ranks
 4/16/64, removal patches, refresh policies (``policies/refresh.py``), CacheBlend-style selective recompute at
 5/15/30 % of the window's tokens (blind base, tokens picked by layer-1 KV deviation), and, when the Window
-accepts ``repair=``, the survivor-repair rules sink:5, head+sink:5 (= fidelity "balanced") and all (= "exact").
+accepts ``repair=``, the survivor-repair rules sink:5, sink:32, head, head+sink:5, head+query:32 (query-aware:
+``Window.focus`` before the answer) and all (= "exact"); ``repair-<rule>`` names any other rule.
 
 Per step and strategy: next-token KL against exact, greedy-answer agreement with exact (the first number of the
 decode), accuracy, cost (prefill tokens on the critical path: the step's ``Window.stats.prefill_tokens`` delta +
@@ -260,6 +261,8 @@ def build_strategies() -> dict[str, Strategy]:
                      note="Window(repair='head'): the first stale survivor recomputed wholly, the others kept"),
             Strategy("repair-head+sink:5", {"mode": "patch", "rank": 32, "repair": "head+sink:5"},
                      note="Window(repair='head+sink:5') = fidelity='balanced'"),
+            Strategy("repair-head+query:32", {"mode": "patch", "rank": 32, "repair": "head+query:32"},
+                     note="Window(repair='head+query:32'): the head wholly + the 32 stale tokens the question reads"),
             Strategy("repair-all", {"mode": "patch", "rank": 32, "repair": "all"},
                      note="Window(repair='all') = fidelity='exact': every stale survivor recomputed"),
         ]
@@ -537,6 +540,8 @@ def _assign_step(st: Strategy, win: Any, want: list[Chunk], backend: SharedForwa
         past, extra = blend_recompute(backend, win, ref, st.blend)
         f0 -= 1
     else:
+        if getattr(getattr(win, "repair", None), "query", 0):
+            win.focus(query)  # the stale tokens this question reads, recomputed (counted in the step's tokens)
         past = win.window_kv()
     ans = memo.get(past)
     replay = 0.0
@@ -701,8 +706,14 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
     every = build_strategies()
     names = list(every) if strategies is None else list(strategies)
     for s in names:
+        if s not in every and s.startswith("repair-") and has_repair():  # any rule: repair-<spec>
+            from windowkit.window.plan import RepairRule
+
+            spec = RepairRule.parse(s[len("repair-"):]).name  # raises WindowkitError on a bad spec
+            every[s] = Strategy(s, {"mode": "patch", "rank": 32, "repair": spec}, note=f"Window(repair={spec!r})")
         if s not in every:
-            raise WindowkitError(f"unknown strategy {s!r}; available here: {', '.join(every)}")
+            raise WindowkitError(f"unknown strategy {s!r}; available here: {', '.join(every)}, "
+                                 "or repair-<rule> for any repair rule")
     if "exact" not in names:
         names = ["exact"] + names
     chosen = {s: every[s] for s in names}

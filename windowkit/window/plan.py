@@ -27,25 +27,32 @@ from windowkit.errors import WindowkitError
 
 @dataclass(frozen=True)
 class RepairRule:
-    """Which tokens of the stale survivors an edit recomputes (one forward, CacheBlend semantics).
-
-    Every rule picks the first tokens of each stale survivor (in window order); ``counts`` says how many.
+    """Which tokens of the stale survivors are recomputed (CacheBlend semantics: chosen tokens at their own
+    positions, attending to the stale KV of the rest): at the edit by position, and at the next query by what the
+    query reads.
 
       none         keep-as-is: nothing recomputed, survivors only relocate
       sink:N       the first N tokens of every stale survivor (their attention sink moved; EPIC-like)
-      head+sink:N  the whole first stale survivor (the chunk right behind the edit) + the first N of the others
+      head         the whole first stale survivor (the chunk right behind the edit)
+      head+sink:N  both
+      query:N      at the next ``forward`` / ``generate`` (or ``Window.focus``): the N stale tokens the query
+                   attends to most, read from one probe forward of the query (CacheBlend's selection by attention,
+                   driven by the question); combines with the above, e.g. "head+query:32"
       all          every stale survivor wholly (= exact re-conditioning of the survivors)
 
         RepairRule.parse("head+sink:5").counts([40, 40, 3])   # [40, 5, 3]
+        RepairRule.parse("sink:5+query:32").query            # 32
     """
 
     name: str
     sink: int = 0
     head: bool = False
     full: bool = False
+    query: int = 0
 
     @property
     def is_none(self) -> bool:
+        """Nothing recomputed at the edit (a query:N part may still recompute at the next query)."""
         return not (self.full or self.head or self.sink)
 
     def counts(self, sizes: Sequence[int]) -> list[int]:
@@ -67,19 +74,28 @@ class RepairRule:
             return cls("none")
         if s in ("all", "exact"):
             return cls("all", full=True)
-        if s == "head":
-            return cls("head", head=True)
-        for pre, head in (("head+sink:", True), ("sink:", False)):
-            if s.startswith(pre):
-                try:
-                    n = int(s[len(pre):])
-                except ValueError:
-                    n = -1
-                if n < (0 if head else 1):
-                    break
-                return cls(f"{pre}{n}", sink=n, head=head)
-        raise WindowkitError(f"repair spec {spec!r} not understood: use 'none', 'sink:N' (N >= 1), "
-                             "'head+sink:N' (N >= 0), 'head' or 'all'")
+        head, sink, query, seen = False, None, 0, set()
+        for part in s.split("+"):
+            kind, _, num = part.partition(":")
+            if kind in seen or kind not in ("head", "sink", "query") or (kind == "head") == bool(_):
+                break
+            seen.add(kind)
+            if kind == "head":
+                head = True
+                continue
+            try:
+                n = int(num)
+            except ValueError:
+                break
+            if n < 1 and not (kind == "sink" and n == 0 and "head" in seen):
+                break
+            sink, query = (n, query) if kind == "sink" else (sink, n)
+        else:
+            name = "+".join((["head"] if head else []) + ([f"sink:{sink}"] if sink is not None else [])
+                            + ([f"query:{query}"] if query else []))
+            return cls(name, sink=sink or 0, head=head, query=query)
+        raise WindowkitError(f"repair spec {spec!r} not understood: use 'none', 'all', or one or more of 'head', "
+                             "'sink:N' (N >= 1; 0 after head), 'query:N' (N >= 1) joined by '+', e.g. 'head+query:32'")
 
 
 # fidelity= presets: what each maps to (docs/window.md has the measured front on SmolLM2-135M)

@@ -39,7 +39,7 @@ from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, for
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
-from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, movers_of, repair_rule
+from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, common_prefix, movers_of, repair_rule
 
 Mode = Literal["patch", "blind", "exact"]
 Where = Union[str, int]
@@ -65,6 +65,7 @@ class WindowStats:
     reused_tokens: int = 0  # tokens placed from stored KV instead of a prefill
     fallbacks: int = 0  # edits that fell back to an exact re-prefill (also: a repair run as a full recondition)
     repaired_tokens: int = 0  # survivor tokens recomputed by the repair rule (also counted in prefill_tokens)
+    probe_tokens: int = 0  # query tokens run to read what a query attends to (focus; also in prefill_tokens)
     prefix_plans: int = 0  # steps run as the prefix cache's plan (the edits were modelled no cheaper): exact
     forwards: int = 0
     vision_calls: int = 0  # vision-tower runs caused by this window (a recalled or moved chunk causes none)
@@ -102,6 +103,7 @@ class _Entry:
     ctx: str = ""  # context hash the KV's conditioning was formed on
     ante: tuple[str, ...] = ()  # ordered antecedent chunk ids at formation
     pending: bool = False  # a tail admission whose conditioned prefill waits for the next read (Window._settle)
+    fresh: Optional[tuple[tuple[str, ...], torch.Tensor]] = None  # (antecedents, [S] bool): tokens recomputed on them
     id: str = field(init=False)  # the chunk's id (a field, not a property: the planner reads it per entry per op)
 
     def __post_init__(self) -> None:
@@ -128,8 +130,12 @@ class Window:
               (FIDELITY: exact -> "all", balanced -> "head+sink:5", fast -> "none"); or a next-token KL target
               in nats (e.g. ``fidelity=1e-2``): the cheapest rule whose mean KL on the measured front
               (windowkit/window/repair_front.json, SmolLM2-135M) is within it
-    repair:   survivor repair after an edit that changes survivors' antecedents: "none" | "sink:N" |
-              "head+sink:N" | "all" | a RepairRule (overrides ``fidelity``; ignored with removal_patches=True)
+    repair:   survivor repair after an edit that changes survivors' antecedents: "none" | "sink:N" | "head" |
+              "head+sink:N" | "all", optionally "+query:N" (at the next query, the N stale tokens it attends to
+              most: ``focus``) | a RepairRule (overrides ``fidelity``; ignored with removal_patches=True)
+    focus_budget: 0.6 (default) | None: a rule's query:N focus recomputes only as many tokens as keep the step
+              (edits since the last read + probe + recompute + the query) within this share of what a prefix cache
+              spends on it; None: no ceiling (still never more than the stale tokens)
     cap:      True (default, patch mode with lazy forming): ``assign`` and ``reorder`` never plan a step dearer
               than a prefix cache holding the previous window; where the edits (repairs, conditioned forwards,
               orbit forms) are modelled no cheaper, the step runs the prefix cache's plan instead: keep the
@@ -143,7 +149,8 @@ class Window:
                  svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
                  orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy", basis=None,
                  fidelity: Union[str, float] = "balanced", repair: Union[str, "RepairRule", None] = None,
-                 cap: bool = True, cache_salt: Optional[str] = None, auth_key: Union[bytes, str, None] = None):
+                 cap: bool = True, cache_salt: Optional[str] = None, auth_key: Union[bytes, str, None] = None,
+                 focus_budget: Optional[float] = 0.6):
         if mode not in ("patch", "blind", "exact"):
             raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
         if rank is not None and int(rank) < 1:
@@ -183,6 +190,11 @@ class Window:
         self._exact_budget = self.repair.full and not removal_patches
         self._use_patches = not self._exact_budget or rank is None
         self.cap = bool(cap)
+        if focus_budget is not None and not 0 < float(focus_budget) <= 1:
+            raise WindowkitError(f"focus_budget must be in (0, 1] or None, got {focus_budget!r}")
+        self.focus_budget = None if focus_budget is None else float(focus_budget)
+        self._read_ids: list[str] = []  # the ids at the last read: a prefix cache re-prefills from the first change
+        self._step_p0 = 0  # stats.prefill_tokens at the last read (or prefetch): what this step has spent
         self.last_choice = None  # the last StepChoice of assign / reorder (windowkit.window.plan)
         self._repair_pending: Optional[int] = None  # assign batches its evictions' repairs into one
         self._repair_batching = False
@@ -493,7 +505,15 @@ class Window:
         return self.backend.make_cache(kv), torch.full((self.backend.n_axes, 1), self.next_position, dtype=torch.long)
 
     def window_kv(self) -> Optional[ChunkKV]:
-        """The window's KV (prefix + chunks, window order) as one ChunkKV."""
+        """The window's KV (prefix + chunks, window order) as one ChunkKV. A read: the next step starts here."""
+        kv = self._assemble()
+        self._mark_read()
+        return kv
+
+    def _mark_read(self) -> None:
+        self._read_ids, self._step_p0 = self.ids, self.stats.prefill_tokens
+
+    def _assemble(self) -> Optional[ChunkKV]:
         self._settle()
         if self.mode == "exact":
             return self._exact_kv()
@@ -513,6 +533,8 @@ class Window:
         """Next-token logits [vocab] of the last query token after the window. The window's contents are unchanged;
         deferred work (a pending repair, pending tail admissions) runs in the same forward as the query."""
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
+        if self.repair.query:
+            self.focus(q)
         fused = self._settle(q)
         if fused is not None:
             logits = fused[0]
@@ -521,6 +543,7 @@ class Window:
             logits = self.backend.forward([q], self.next_position, past).logits
         self.backend.forget(q)
         self.last_logits = logits
+        self._mark_read()
         return logits
 
     def generate(self, query_ids: Union[Sequence[int], torch.Tensor], max_new_tokens: int = 64,
@@ -534,8 +557,10 @@ class Window:
         step = Chunk.text(ids, id="__gen__")
         pos = self.next_position
         out: list[int] = []
+        if self.repair.query and max_new_tokens > 0:
+            self.focus(step)
         fused = self._settle(step) if max_new_tokens > 0 else None
-        past = self.window_kv()
+        past = self.window_kv()  # marks the read: decoding is not the next step's spending
         for k in range(int(max_new_tokens)):
             if k == 0 and fused is not None:  # the query already ran with the deferred work
                 logits, kv, span = fused[0], fused[1], len(step)
@@ -553,6 +578,95 @@ class Window:
                 break
             step = Chunk.text(torch.tensor([tok]), id="__gen__")
         return out
+
+    def focus(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk], tokens: Optional[int] = None) -> int:
+        """Recompute the stale survivor tokens this query reads most; returns how many were recomputed.
+
+            win.assign(entries)
+            win.focus(question_ids)              # the repair rule's query:N tokens (or tokens=N)
+            answer = win.generate(question_ids)  # a repair rule with query:N calls focus itself
+
+        A position rule (sink:N, head) is blind to the question: after a slide the facts a question needs can
+        sit deep inside a survivor that still carries the evicted chunk's conditioning. One probe forward of the
+        query over the window reads its last token's attention (``backend.query_attention``); the ``tokens``
+        stale tokens it weighs most (tokens not already recomputed on the current antecedents) are recomputed in
+        one selective forward (``backend.recompute``, CacheBlend's selection by attention). The probe and the
+        recompute together never exceed the stale survivors' tokens, which a prefix cache would re-prefill for
+        this step. A no-op outside patch mode, with no stale survivor, or on a backend without selective
+        recompute or attention weights (cost model, MLA, M-RoPE). Counted in ``stats.probe_tokens`` /
+        ``repaired_tokens`` / ``prefill_tokens``.
+        """
+        n = self.repair.query if tokens is None else int(tokens)
+        if n < 0:
+            raise WindowkitError(f"focus: tokens must be >= 0, got {tokens!r}")
+        if (n == 0 or self.mode != "patch" or not self._recomputes or not self._needs_past
+                or not hasattr(self.backend, "query_attention")):
+            return 0
+        q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
+        self._settle()
+        entries = list(self._entries)
+        ids = [x.id for x in entries]
+        starts = self.starts()
+        stale = self._stale(entries, ids, 0, len(entries))
+        # candidate window positions: the stale survivors' tokens not yet recomputed on their current antecedents
+        cand, owner = [], []
+        for i in stale:
+            e, ante = entries[i], tuple(ids[:i])
+            free = torch.ones(len(e.chunk), dtype=torch.bool)
+            if e.fresh is not None and e.fresh[0] == ante:
+                free &= ~e.fresh[1]
+            off = free.nonzero().reshape(-1)
+            cand.append(off + starts[i])
+            owner += [i] * off.numel()
+        pool = torch.cat(cand) if cand else torch.zeros(0, dtype=torch.long)
+        probe = len(q) + self.FOCUS_LOOKAHEAD
+        n = min(n, pool.numel() - probe)  # probe + recompute <= the stale tokens a prefix cache re-prefills
+        if self.focus_budget is not None:
+            n = min(n, self._focus_allowance(len(q)))
+        if n < (1 if tokens is not None else self.FOCUS_MIN):  # the rule's own focus skips a probe worth too little
+            return 0
+        past = self._assemble()
+        look = self.FOCUS_LOOKAHEAD
+        att = self.backend.query_attention(past, q, self.next_position, lookahead=look)  # [window tokens]
+        self.backend.forget(q)
+        self.stats.forwards += 1 + look
+        self.stats.prefill_tokens += len(q) + look
+        self.stats.probe_tokens += len(q) + look
+        top = att[pool].topk(n).indices.sort().values
+        picked: dict[int, list[int]] = {}
+        for j in top.tolist():
+            i = owner[j]
+            picked.setdefault(i, []).append(int(pool[j]) - starts[i])
+        order = sorted(picked)
+        fresh = self.backend.recompute(past, [entries[i].chunk for i in order], [starts[i] for i in order],
+                                       [torch.tensor(picked[i]) for i in order])
+        self.stats.forwards += 1
+        self.stats.prefill_tokens += n
+        self.stats.repaired_tokens += n
+        for i, new in zip(order, fresh):
+            e, off = entries[i], torch.tensor(picked[i])
+            kv = self._kv_at(e, starts[i])
+            layers = []
+            for (a, b), (x, y) in zip(new.layers, kv.layers):  # x, y: [H, S, D]; a, b: [H, len(off), D]
+                x, y = x.clone(), y.clone()
+                x[:, off], y[:, off] = a, b
+                layers.append((x, y))
+            e.kv = ChunkKV(layers, kv.layout, kv.positions)
+            self._mark_fresh(e, tuple(ids[:i]), off)
+        return n
+
+    FOCUS_MIN = 8  # fewer tokens than this are not worth a probe forward of the whole query
+    FOCUS_LOOKAHEAD = 1  # the probe also decodes one greedy token and reads its attention (query_attention)
+
+    def _focus_allowance(self, q: int) -> int:
+        """Tokens focus may recompute so that this step (edits since the last read + probe + recompute + the
+        query itself) stays within ``focus_budget`` x what a prefix cache spends on it (re-prefill from the
+        first entry changed since the last read, + the query)."""
+        ids = self.ids
+        keep = common_prefix(self._read_ids, ids)
+        pc = sum(len(e.chunk) for e in list(self._entries)[keep:]) + q
+        spent = self.stats.prefill_tokens - self._step_p0
+        return int(self.focus_budget * pc) - spent - 2 * q - self.FOCUS_LOOKAHEAD
 
     # ================================================================== forks and the disposability test
     def fork(self, clean: bool = False) -> "Window":
@@ -640,6 +754,7 @@ class Window:
                 ctx = self._ctx(ante)
                 if not self.store.has_patch(e.key, ctx):
                     self._form_fresh(e, e.kv, e.kv_start, ctx, ante)
+        self._step_p0 = self.stats.prefill_tokens  # between steps: not the next step's spending
         return {"encodes": self.stats.encodes - e0, "patch_forms": self.stats.patch_forms - f0}
 
     def is_disposable(self, chunk_id: str, query_ids: Union[Sequence[int], torch.Tensor]) -> bool:
@@ -651,7 +766,7 @@ class Window:
         if self.mode == "exact":
             raise WindowkitError("is_disposable needs per-chunk KV: use mode 'patch' or 'blind'")
         q = Chunk.text(torch.as_tensor(query_ids), id="__query__")
-        base = self.backend.forward([q], self.next_position, self.window_kv()).logits
+        base = self.backend.forward([q], self.next_position, self._assemble()).logits
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
         for j, (x, st) in enumerate(zip(self._entries, self.starts())):
             parts.append(place(self._canonical(x), st, self.backend.rope) if j == idx else self._kv_at(x, st))
@@ -1139,6 +1254,13 @@ class Window:
             elif self._needs_past:
                 e.kv = ChunkKV([(torch.cat([a, x[:, k:]], 1), torch.cat([b, y[:, k:]], 1))
                                 for (a, b), (x, y) in zip(new.layers, e.kv.layers)], e.kv.layout, e.kv.positions)
+                self._mark_fresh(e, tuple(ids[:i]), torch.arange(k))
+
+    def _mark_fresh(self, e: _Entry, ante: tuple[str, ...], offsets: torch.Tensor) -> None:
+        """Note that ``e``'s tokens at ``offsets`` now hold KV recomputed on ``ante`` (focus skips them)."""
+        mask = e.fresh[1] if e.fresh is not None and e.fresh[0] == ante else torch.zeros(len(e.chunk), dtype=torch.bool)
+        mask[offsets] = True
+        e.fresh = (ante, mask)
 
     # ------------------------------------------------------------------ deferred work, run as one forward
     @property
