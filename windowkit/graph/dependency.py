@@ -231,6 +231,9 @@ class Cascade:
         return "\n".join(lines)
 
 
+_STR_ONLY = frozenset({str})
+
+
 class _Patch:
     __slots__ = ("ref", "antecedents", "kind", "nbytes", "tokens", "missing")
 
@@ -383,8 +386,9 @@ class DependencyGraph:
             raise WindowkitError(f"antecedents is a sequence of chunk ids, not the string {antecedents!r}")
         ante = tuple(antecedents)
         uniq = tuple(dict.fromkeys(ante))
-        for a in uniq:
-            _check_id(a)
+        if not _STR_ONLY.issuperset(map(type, uniq)):  # a str subclass or a non-str: the exact check, in order
+            for a in uniq:
+                _check_id(a)
         if chunk_id in uniq:
             raise WindowkitError(f"a patch of {chunk_id!r} cannot be conditioned on {chunk_id!r} itself")
         ctx = _auto_ctx(kind, ante) if ctx is None else str(ctx)
@@ -404,12 +408,20 @@ class DependencyGraph:
             self._patches[ref] = rec
             g = self._g
             g.add_node(ref, kind=kind, antecedents=ante, nbytes=rec.nbytes, tokens=rec.tokens)
-            for a in uniq:
-                if a not in self._tokens:
-                    self.add_chunk(a)
-                g.add_edge(a, ref)
-                if a in self._evicted:
-                    rec.missing += 1
+            tokens = self._tokens
+            if not all(map(tokens.__contains__, uniq)):
+                for a in uniq:
+                    if a not in tokens:
+                        self.add_chunk(a)
+            # the edges a -> ref without ``g.add_edge``'s per-edge checks (``ref`` is a new node, every ``a`` is a
+            # node already), written in C (map; dict.__setitem__ returns None, so any() walks them all). The
+            # edges into one patch share one empty attribute dict: they carry no data (a patch's antecedents
+            # and costs are node attributes), and a patch of a tail chunk has the whole window as antecedents
+            data: dict = {}
+            self._pred[ref].update(dict.fromkeys(uniq, data))
+            any(map(dict.__setitem__, map(self._succ.__getitem__, uniq), repeat(ref), repeat(data)))
+            nx._clear_cache(g)
+            rec.missing = len(self._evicted.intersection(uniq))  # walks uniq: O(antecedents), not O(evicted)
             g.add_edge(ref, chunk_id)
             if rec.missing:
                 self._stale.add(ref)
@@ -561,18 +573,22 @@ class DependencyGraph:
         old = self._current.get(chunk_id)
         if old == ref:
             return
+        wearers = self._wearers
+        # the loops over a patch's antecedents run in C (map; set.add / set.discard return None, so any() walks
+        # them all): a worn patch of a tail chunk has the whole window as antecedents, and this runs per edit
         if old is not None:
-            for a in self._pred[old]:
-                w = self._wearers.get(a)
-                if w is not None:
-                    w.discard(chunk_id)
+            any(map(set.discard, filter(None, map(wearers.get, self._pred[old])), repeat(chunk_id)))
             del self._current[chunk_id]
             del self._worn_ante[chunk_id]
         if ref is not None:
+            ante = self._pred[ref]
             self._current[chunk_id] = ref
-            self._worn_ante[chunk_id] = self._pred[ref]
-            for a in self._pred[ref]:
-                self._wearers.setdefault(a, set()).add(chunk_id)
+            self._worn_ante[chunk_id] = ante
+            if not all(map(wearers.__contains__, ante)):
+                for a in ante:
+                    if a not in wearers:
+                        wearers[a] = set()
+            any(map(set.add, map(wearers.__getitem__, ante), repeat(chunk_id)))
 
     def _drop_patch(self, rec: _Patch) -> None:
         ref = rec.ref

@@ -28,6 +28,8 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import attrgetter
 from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
@@ -50,6 +52,9 @@ Where = Union[str, int]
 # eviction the look-ups stop at the first survivor instead of hashing the whole window. A persistent or shared
 # store holds entries this process never wrote: there every context is looked up (``Window._context_hint``).
 _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
+
+
+_ID, _SPAN = attrgetter("id"), attrgetter("span")  # C-level per-entry reads (map) on the per-op paths
 
 
 @dataclass
@@ -103,9 +108,11 @@ class _Entry:
     ante: tuple[str, ...] = ()  # ordered antecedent chunk ids at formation
     pending: bool = False  # a tail admission whose conditioned prefill waits for the next read (Window._settle)
     id: str = field(init=False)  # the chunk's id (a field, not a property: the planner reads it per entry per op)
+    n: int = field(init=False)  # the chunk's tokens (a Chunk is immutable; len() reads a tensor: cached here)
 
     def __post_init__(self) -> None:
         self.id = self.chunk.id
+        self.n = len(self.chunk)
 
 
 class Window:
@@ -219,7 +226,7 @@ class Window:
     # ================================================================== facts
     @property
     def ids(self) -> list[str]:
-        return [e.id for e in self._entries]
+        return list(map(_ID, self._entries))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -229,18 +236,16 @@ class Window:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(e.chunk) for e in self._entries) + (len(self.prefix) if self.prefix is not None else 0)
+        return sum(e.n for e in self._entries) + (len(self.prefix) if self.prefix is not None else 0)
 
     @property
     def next_position(self) -> int:
-        return self._prefix_span + sum(e.span for e in self._entries)
+        return self._prefix_span + sum(map(_SPAN, self._entries))
 
     def starts(self) -> list[int]:
         """Start position of every entry (contiguous after the prefix)."""
-        out, p = [], self._prefix_span
-        for e in self._entries:
-            out.append(p)
-            p += e.span
+        out = list(accumulate(map(_SPAN, self._entries), initial=self._prefix_span))
+        out.pop()
         return out
 
     @property
@@ -475,13 +480,13 @@ class Window:
         ids = self.ids
         for i, (e, s) in enumerate(zip(self._entries, self.starts())):
             if e.kv is not None and e.kv_start != s:
-                n = len(e.chunk)
+                n = e.n
                 b = self._rope_bytes_per_token() * n
                 edits.append(Edit("relocate", e.id, n, self._bandwidth_ms(2 * b), 2 * b))
             if self.mode == "patch" and e.ante != tuple(ids[:i]):
                 # optional: its KV keeps conditioning formed on another context (keep-as-is);
                 # recondition() would form a fresh patch with one conditioned forward
-                n = len(e.chunk)
+                n = e.n
                 score, rebuild = reuse_decision(e.ante, ids[:i])
                 edits.append(Edit("refresh-patch", e.id, n, n * ms_tok, self._patch_bytes_per_token() * n, score,
                                   rebuild))
@@ -581,7 +586,7 @@ class Window:
             if clean and self.mode != "exact":
                 ne.kv, ne.kv_start = other._placed(other._canonical(ne), st, None), st
                 ne.ctx, ne.ante = "", ("__clean__",)
-                other.graph.add_chunk(ne.id, len(ne.chunk))
+                other.graph.add_chunk(ne.id, ne.n)
                 other.graph.set_current(ne.id, None)
             other.store.pin(e.key)
             other._entries.append(ne)
@@ -633,7 +638,7 @@ class Window:
             if not self.store.has_canonical(e.key):
                 if exact and not ante and self.prefix is None:
                     kv0 = e.kv if e.kv_start == 0 or not self._needs_past else e.kv.relocate(-e.kv_start, self.backend.rope)
-                    self.store.put_canonical(e.key, kv0, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+                    self.store.put_canonical(e.key, kv0, {"chunk_id": e.id, "tokens": str(e.n)})
                 else:
                     self._canonical(e)
             if exact and ante:
@@ -688,7 +693,7 @@ class Window:
                 self.stats.fallbacks += 1
         res = self._run([e.chunk], 0, None)
         self.stats.encodes += 1
-        self.store.put_canonical(e.key, res.kv, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+        self.store.put_canonical(e.key, res.kv, {"chunk_id": e.id, "tokens": str(e.n)})
         return res.kv
 
     def _ctx(self, ante: Sequence[str]) -> str:
@@ -699,7 +704,7 @@ class Window:
         if h is None:  # sha256 over the keys is the cost of a survivor refresh: memoize per context
             if len(self._ctx_memo) > 4096:
                 self._ctx_memo.clear()
-            h = self._ctx_memo[ante] = context_hash([self._keys[i] for i in ante], prefix=self._prefix_key)
+            h = self._ctx_memo[ante] = context_hash(list(map(self._keys.__getitem__, ante)), prefix=self._prefix_key)
         return h
 
     def _get_patch(self, key: str, ctx: str) -> Optional[Patch]:
@@ -735,8 +740,8 @@ class Window:
         e = _Entry(chunk, key, self.backend.span(chunk))
         if self.mode != "exact":
             before = list(self._entries)[:idx]
-            start = self._prefix_span + sum(x.span for x in before)
-            ante = tuple(x.id for x in before)
+            start = self._prefix_span + sum(map(_SPAN, before))
+            ante = tuple(map(_ID, before))
             if self.mode == "blind":
                 canon = self._canonical(e)
                 e.kv, e.kv_start = self._placed(canon, start, None), start
@@ -761,7 +766,7 @@ class Window:
         conditioned forward (kept as the KV) and a patch formed from it for next time."""
         ctx = self._ctx(ante)
         patch = self._get_patch(e.key, ctx)
-        if patch is not None and patch.num_tokens == len(e.chunk):
+        if patch is not None and patch.num_tokens == e.n:
             canon = self._canonical(e)
             e.kv, e.kv_start = self._placed(canon, start, patch), start
             self.stats.patch_reuses += 1
@@ -774,7 +779,7 @@ class Window:
             else:
                 e.kv = self._run([e.chunk], 0, None).kv
                 self.stats.encodes += 1
-                self.store.put_canonical(e.key, e.kv, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+                self.store.put_canonical(e.key, e.kv, {"chunk_id": e.id, "tokens": str(e.n)})
             e.kv_start = 0
         elif self.form == "lazy":
             # keep the conditioned prefill only: no canonical encode, no patch until something needs them
@@ -792,9 +797,9 @@ class Window:
             e.kv, e.kv_start = res.kv, start
         e.ctx, e.ante = ctx, ante
         if ante:
-            self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * len(e.chunk), len(e.chunk))
+            self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * e.n, e.n)
         else:
-            self.graph.add_chunk(e.id, len(e.chunk))
+            self.graph.add_chunk(e.id, e.n)
             self.graph.set_current(e.id, None)
 
     def _capped(self) -> bool:
@@ -803,7 +808,7 @@ class Window:
     def _view(self, wanted: Sequence[Chunk]) -> WindowView:
         """The window as the tensor-free rules read it (windowkit.window.plan): ids, sizes, what the store holds."""
         keys = dict(self._keys)
-        tokens = {e.id: len(e.chunk) for e in self._entries}
+        tokens = {e.id: e.n for e in self._entries}
         fp = self.backend.fingerprint()
         for c in wanted:
             tokens.setdefault(c.id, len(c))
@@ -868,7 +873,7 @@ class Window:
         starts, off = self.starts(), 0
         front_exact = self._exact_upto(keep)
         for i in range(keep, len(self._entries)):
-            e, n = self._entries[i], len(self._entries[i].chunk)
+            e, n = self._entries[i], self._entries[i].n
             kv = res.kv.slice(off, off + n) if res.kv is not None else None
             off += n
             if i == 0 and self.prefix is None:
@@ -901,7 +906,7 @@ class Window:
         except WindowkitError:  # corrupt or vanished: recompute, never serve
             self.stats.fallbacks += 1
             return None
-        return kv if kv.num_tokens == len(e.chunk) else None
+        return kv if kv.num_tokens == e.n else None
 
     def _context_hint(self) -> Optional[set[str]]:
         """The known-context set of this window's store (``_CONTEXT_HINTS``), or None where it cannot be complete."""
@@ -942,7 +947,7 @@ class Window:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
         (none kept as-is or partly repaired after an edit), so a forward over them is the exact conditioned KV."""
         ids = self.ids
-        return all(x.ante == tuple(ids[:j]) for j, x in enumerate(list(self._entries)[:idx]))
+        return all(len(x.ante) == j and x.ante == tuple(ids[:j]) for j, x in enumerate(list(self._entries)[:idx]))
 
     def _form_fresh(self, e: _Entry, cond: ChunkKV, start: int, ctx: str, ante: Sequence[str]) -> None:
         """Form and store the patch of ``e`` for context ``ctx`` from its conditioned KV ``cond`` at ``start``."""
@@ -974,7 +979,7 @@ class Window:
                 for perm in orderings(ante, limit=self.orbit_samples):
                     chunks = ([self.prefix] if self.prefix is not None else []) + [self.chunk(i) for i in perm]
                     res = self._run(chunks + [e.chunk], 0, None)
-                    conds.append(res.kv.slice(res.kv.num_tokens - len(e.chunk), res.kv.num_tokens))
+                    conds.append(res.kv.slice(res.kv.num_tokens - e.n, res.kv.num_tokens))
                 patch = form_orbit_patch(conds, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
                                          method=self.svd, meta={"context": octx})
                 self.stats.patch_forms += 1
@@ -986,7 +991,7 @@ class Window:
         e.kv, e.kv_start = self._placed(canon, start, patch), start
         e.ctx, e.ante = exact_ctx, ante
         if ante:
-            self.graph.add_patch(e.id, exact_ctx, ante, "orbit", 0 if patch is None else patch.nbytes, len(e.chunk))
+            self.graph.add_patch(e.id, exact_ctx, ante, "orbit", 0 if patch is None else patch.nbytes, e.n)
 
     def _refresh_known(self, first: int) -> None:
         """Survivors from ``first`` on have new antecedents. Where the exact conditioning for the new context
@@ -1001,7 +1006,9 @@ class Window:
             h = context_step(h, x.key)
         for i in range(first, len(entries)):
             e = entries[i]
-            ctx, h = h, context_step(h, e.key)
+            if i > first:  # one step per survivor looked at (none past the last one: the walk usually stops early)
+                h = context_step(h, entries[i - 1].key)
+            ctx = h
             if e.pending or (len(e.ante) == i and e.ante == tuple(ids[:i])):
                 continue
             head = i == 0 and self.prefix is None
@@ -1016,7 +1023,7 @@ class Window:
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
             else:
                 patch = self._get_patch(e.key, ctx)
-                if patch is not None and patch.num_tokens == len(e.chunk):
+                if patch is not None and patch.num_tokens == e.n:
                     e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
                     self.stats.patch_reuses += 1
                 else:
@@ -1026,7 +1033,7 @@ class Window:
                     e.kv, e.kv_start = self._placed(kv0, starts[i], None), starts[i]
             e.ctx, e.ante = ctx, ante
             if ante:
-                self.graph.add_patch(e.id, ctx, ante, "fresh", 0, len(e.chunk))
+                self.graph.add_patch(e.id, ctx, ante, "fresh", 0, e.n)
             else:
                 self.graph.set_current(e.id, None)
 
@@ -1038,7 +1045,7 @@ class Window:
         res = self._run([e.chunk for e in entries[first:]], starts[first], past)
         off = 0
         for e, s in zip(entries[first:], starts[first:]):
-            n = len(e.chunk)
+            n = e.n
             target = res.kv.slice(off, off + n)
             off += n
             kept = self._kv_at(e, s).relocate(-s, self.backend.rope)  # canonical frame of the kept KV
@@ -1095,12 +1102,12 @@ class Window:
             self.stats.repaired_tokens += sum(res.token_counts)
             off = 0
             for i in range(f, n):
-                e, m = entries[i], len(entries[i].chunk)
+                e, m = entries[i], entries[i].n
                 self._set_exact(e, res.kv.slice(off, off + m), starts[i], tuple(ids[:i]))
                 off += m
             return
         last = pairs[-1][0]
-        full = {i for i, k in pairs if k == len(entries[i].chunk)}
+        full = {i for i, k in pairs if k == entries[i].n}
         if self._needs_past:
             parts = [self._prefix_kv] if self._prefix_kv is not None else []
             for j in range(last + 1):  # the window up to the last repaired chunk (a wholly recomputed one is masked)
@@ -1110,9 +1117,9 @@ class Window:
             moved = [j for j in range(last + 1) if j not in full]
             self._relocate_all([entries[j] for j in moved], [starts[j] for j in moved])
             past = None
-        total = sum(k for _, k in pairs)
-        res = self.backend.recompute(past, [entries[i].chunk for i, _ in pairs], [starts[i] for i, _ in pairs],
-                                     [range(k) for _, k in pairs])
+        at, ks = [i for i, _ in pairs], [k for _, k in pairs]
+        total = sum(ks)
+        res = self.backend.recompute(past, [entries[i].chunk for i in at], [starts[i] for i in at], list(map(range, ks)))
         self.stats.forwards += 1
         self.stats.prefill_tokens += total
         self.stats.repaired_tokens += total
@@ -1125,13 +1132,19 @@ class Window:
 
     def _repair_pairs(self, entries: list[_Entry], stale: list[int]) -> list[tuple[int, int]]:
         """(index, tokens to recompute from its start) per stale survivor, by the repair rule."""
-        counts = self.repair.counts([len(entries[i].chunk) for i in stale])
+        counts = self.repair.counts([entries[i].n for i in stale])
         return [(i, k) for i, k in zip(stale, counts) if k > 0]
 
     def _write_repair(self, entries: list[_Entry], ids: list[str], starts: list[int], pairs: list[tuple[int, int]],
                       full: set[int], fresh: Sequence[ChunkKV]) -> None:
         """Write a repair's fresh KV back: a wholly recomputed survivor is exact from now on, a partly
         repaired one gets its first k tokens fresh and keeps the rest (e.kv already sits at starts[i])."""
+        if not self._needs_past:  # a cost model's KV is a stand-in: only the wholly recomputed survivors change
+            done = pairs if len(fresh) >= len(pairs) else pairs[:len(fresh)]
+            for i in (sorted(full) if done is pairs else [i for i, _ in done if i in full]):
+                e = entries[i]
+                self._set_exact(e, e.kv, starts[i], tuple(ids[:i]))
+            return
         for (i, k), new in zip(pairs, fresh):
             e = entries[i]
             if i in full:
@@ -1165,7 +1178,7 @@ class Window:
         patch or conditioned KV for its context, something in front of it) and nothing else is batched."""
         if not self._fuses or (self._repair_pending is not None and self._repair_pending < len(self._entries)):
             return False
-        if (self._recomputes and len(e.chunk) != e.span) or not len(e.chunk) or (not ante and self.prefix is None):
+        if (self._recomputes and e.n != e.span) or not e.n or (not ante and self.prefix is None):
             return False  # a span != its tokens (recompute positions are token positions), or the head: not deferred
         ctx = self._ctx(ante)
         if self.store.has_patch(e.key, ctx) and self._use_patches:
@@ -1195,10 +1208,10 @@ class Window:
         pairs = self._repair_pairs(entries, stale)
         if not pairs and not tail:
             return None
-        full = {i for i, k in pairs if k == len(entries[i].chunk)}
+        full = {i for i, k in pairs if k == entries[i].n}
         chunks = [entries[i].chunk for i, _ in pairs] + [x.chunk for x in entries[t:]]
         at = [starts[i] for i, _ in pairs] + starts[t:]
-        offsets = [range(k) for _, k in pairs] + [range(len(x.chunk)) for x in entries[t:]]
+        offsets = [range(k) for _, k in pairs] + [range(x.n) for x in entries[t:]]
         if query is not None:
             chunks, at, offsets = chunks + [query], at + [self.next_position], offsets + [range(len(query))]
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
@@ -1208,7 +1221,7 @@ class Window:
         out = self.backend.recompute(concat(parts) if parts else None, chunks, at, offsets,
                                      return_logits=query is not None)
         fresh, logits = out if query is not None else (out, None)
-        repaired, admitted = sum(k for _, k in pairs), sum(len(x.chunk) for x in entries[t:])
+        repaired, admitted = sum(k for _, k in pairs), sum(x.n for x in entries[t:])
         self.stats.forwards += 1
         self.stats.prefill_tokens += repaired + admitted
         self.stats.repaired_tokens += repaired
@@ -1225,10 +1238,9 @@ class Window:
                 self._keep_conditioned(e, kv, starts[i], ctx, ante)
             e.ctx, e.ante = ctx, ante
             if ante:
-                self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * len(e.chunk),
-                                     len(e.chunk))
+                self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * e.n, e.n)
             else:
-                self.graph.add_chunk(e.id, len(e.chunk))
+                self.graph.add_chunk(e.id, e.n)
                 self.graph.set_current(e.id, None)
         return (logits, fresh[-1]) if query is not None else None
 
@@ -1248,10 +1260,10 @@ class Window:
         self.stats.prefill_tokens -= len(query) if query is not None else 0  # the query is not window prefill
         if stale:
             self.stats.fallbacks += 1
-            self.stats.repaired_tokens += sum(len(x.chunk) for x in entries[f:t])
+            self.stats.repaired_tokens += sum(x.n for x in entries[f:t])
         off = 0
         for i in range(f, n):
-            e, m = entries[i], len(entries[i].chunk)
+            e, m = entries[i], entries[i].n
             kv = res.kv.slice(off, off + m)
             off += m
             e.pending = False
@@ -1267,9 +1279,9 @@ class Window:
         e.kv, e.kv_start = kv, start
         e.ante, e.ctx = ante, self._ctx(ante)
         if ante:
-            self.graph.add_patch(e.id, e.ctx, ante, "fresh", 0, len(e.chunk))
+            self.graph.add_patch(e.id, e.ctx, ante, "fresh", 0, e.n)
         else:
-            self.graph.add_chunk(e.id, len(e.chunk))
+            self.graph.add_chunk(e.id, e.n)
             self.graph.set_current(e.id, None)
 
     def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
@@ -1291,8 +1303,8 @@ class Window:
                 e.kv = e.kv.relocate(start - e.kv_start, self.backend.rope)
             e.kv_start = start
             self.stats.relocations += 1
-            self.stats.bytes_moved += self._rope_bytes_per_token() * len(e.chunk) * 2
-            self._credit(len(e.chunk), t0)
+            self.stats.bytes_moved += self._rope_bytes_per_token() * e.n * 2
+            self._credit(e.n, t0)
         return e.kv
 
     def _relocate_all(self, entries: Sequence[_Entry], starts: Sequence[int]) -> None:
@@ -1307,7 +1319,7 @@ class Window:
                 raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
             if e.kv_start != s:
                 e.kv_start = s
-                n = len(e.chunk)
+                n = e.n
                 moved += n
                 self.stats.relocations += 1
                 self.stats.bytes_moved += nbytes * n
