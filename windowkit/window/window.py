@@ -39,6 +39,7 @@ from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, Windo
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
+from windowkit.graph.dependency import LazyCtx
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
 from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, movers_of, repair_rule
@@ -113,6 +114,20 @@ class _Entry:
     def __post_init__(self) -> None:
         self.id = self.chunk.id
         self.n = len(self.chunk)
+
+
+def _entry_ctx(self: _Entry) -> str:
+    c = self._ctx
+    if c.__class__ is not str:  # a LazyCtx (a tail admission's context, hashed on first read)
+        c = self._ctx = c.value
+    return c
+
+
+def _set_entry_ctx(self: _Entry, ctx: Union[str, LazyCtx]) -> None:
+    self._ctx = ctx
+
+
+_Entry.ctx = property(_entry_ctx, _set_entry_ctx)  # type: ignore[assignment]  (the dataclass field, read lazily)
 
 
 class Window:
@@ -300,7 +315,7 @@ class Window:
         self._evicted[e.id] = e.chunk
         self._live.discard(e.id)
         self.store.unpin(e.key)
-        self.graph.on_evict(e.id)  # patches formed on it are stale from now on
+        self.graph.evict_quietly(e.id)  # patches formed on it are stale from now on
         self._version += 1
         if self.mode == "patch" and idx < len(self._entries):
             if self.removal_patches:
@@ -764,13 +779,14 @@ class Window:
     def _condition(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
         """Give ``e`` its KV conditioned on ``ante``: a stored patch if that context recurs, else one
         conditioned forward (kept as the KV) and a patch formed from it for next time."""
-        ctx = self._ctx(ante)
-        patch = self._get_patch(e.key, ctx)
+        ctx = self._condition_ctx(e, ante)
+        lazy = ctx.__class__ is LazyCtx  # nothing can be stored under it: both look-ups would miss
+        patch = None if lazy else self._get_patch(e.key, ctx)
         if patch is not None and patch.num_tokens == e.n:
             canon = self._canonical(e)
             e.kv, e.kv_start = self._placed(canon, start, patch), start
             self.stats.patch_reuses += 1
-        elif (ante or self.prefix is not None) and (kv0 := self._conditioned(e, ctx)) is not None:
+        elif (ante or self.prefix is not None) and not lazy and (kv0 := self._conditioned(e, ctx)) is not None:
             e.kv, e.kv_start = self._placed(kv0, start, None), start  # this chunk behind this context before: exact
         elif not ante and self.prefix is None:
             # nothing in front: the chunk's prefill at position 0 *is* its canonical; no patch needed
@@ -786,12 +802,12 @@ class Window:
             res = self._run([e.chunk], start, self._kv_upto(idx))
             e.kv, e.kv_start = res.kv, start
             if self._exact_upto(idx):
-                self._keep_conditioned(e, res.kv, start, ctx, ante)
+                self._keep_conditioned(e, res.kv, start, ctx.value if lazy else ctx, ante)
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
             if self._exact_upto(idx):
-                self._form_fresh(e, res.kv, start, ctx, ante)
+                self._form_fresh(e, res.kv, start, ctx.value if lazy else ctx, ante)
             else:  # a forward over stale survivors is not KV(B|ante): never store it as one (the canonical is exact)
                 self._canonical(e)
             e.kv, e.kv_start = res.kv, start
@@ -801,6 +817,32 @@ class Window:
         else:
             self.graph.add_chunk(e.id, e.n)
             self.graph.set_current(e.id, None)
+
+    def _condition_ctx(self, e: _Entry, ante: tuple[str, ...]) -> Union[str, LazyCtx]:
+        """The context hash of ``ante`` for ``_condition``; a LazyCtx (hashed on its first read) where the store
+        can hold nothing for ``e`` under it: no patch of ``e`` under any context, and a context that is not a
+        known one (``_CONTEXT_HINTS``, prefix-closed: the walk stops at the first unknown prefix). A tail
+        admission's context is the whole window, a chain of one sha256 per chunk; skipping its look-ups changes
+        nothing they would have found."""
+        if len(ante) < 2:
+            return self._ctx(ante)
+        h = self._ctx_memo.get(ante)
+        if h is not None:
+            return h
+        hint = self._context_hint()
+        if hint is None or (self._use_patches and self.store._may_hold_patch(e.key)):
+            return self._ctx(ante)
+        if self._keeps_conditioned:  # _conditioned looks up only a known context
+            h = context_root(self._prefix_key)
+            if h in hint:
+                keys = self._keys
+                for cid in ante:
+                    h = context_step(h, keys[cid])
+                    if h not in hint:
+                        break
+                else:
+                    return self._ctx(ante)
+        return LazyCtx(context_hash, list(map(self._keys.__getitem__, ante)), self._prefix_key)
 
     def _capped(self) -> bool:
         return self.cap and self.mode == "patch" and self.form == "lazy" and not self.removal_patches
@@ -847,7 +889,7 @@ class Window:
             self._evicted[e.id] = e.chunk
             self._live.discard(e.id)
             self.store.unpin(e.key)
-            self.graph.on_evict(e.id)
+            self.graph.evict_quietly(e.id)
             edits.append(("evict", e.id))
         edits.reverse()
         self._version += 1
