@@ -5,7 +5,9 @@ against ``windowkit-fast`` (trace/fastsim.py) on the same sliding trace.
     PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py      # writes bench/results/window_ops.{json,md}
 
 A sliding step is ``evict("head")``, ``admit(new)`` at the tail, ``forward(query)``; each op is timed on its own
-(perf_counter around the call), medians and p90 over the measured steps after a warm-up. The store grows by one
+(perf_counter around the call), medians and p90 over the measured steps after a warm-up. Each measured section
+starts after a ``gc.collect()``: a full collection walks every object of the process (torch's included, ~0.1 s
+here), and whether one lands inside a 0.1 s simulation would otherwise decide its steps/min. The store grows by one
 chunk per step (unbounded). The JSON records the load average before and after: on a shared machine, compare
 ratios within one run.
 
@@ -16,6 +18,7 @@ conditioned KV of a context), so "flat in the store size" is measured, not assum
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -65,6 +68,7 @@ def ops(k: int, steps: int, warmup: int = 50, store_fill: int = 0) -> dict:
     win.forward([1, 2])
     chunks = [be.chunk(f"c{k + s}", 64, "text") for s in range(warmup + steps)]
     times: dict[str, list[float]] = {"evict": [], "admit": [], "forward": []}
+    gc.collect()
     for s, c in enumerate(chunks):
         t0 = time.perf_counter()
         win.evict("head")
@@ -93,6 +97,7 @@ def sim(k: int, steps: int) -> dict:
     trace = sliding_window(steps=steps, k=k, episode_len=(10 ** 6, 10 ** 6), shot_tokens=64)
     res = {}
     for strat in (WindowkitStrategy(), WindowkitFast()):
+        gc.collect()
         t = time.perf_counter()
         r = simulate(trace, strategies=[strat], progress=False)
         dt = time.perf_counter() - t

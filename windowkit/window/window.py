@@ -840,8 +840,11 @@ class Window:
                     h = context_step(h, keys[cid])
                     if h not in hint:
                         break
-                else:
-                    return self._ctx(ante)
+                else:  # a known context: the walk hashed it
+                    if len(self._ctx_memo) > 4096:
+                        self._ctx_memo.clear()
+                    self._ctx_memo[ante] = h
+                    return h
         return LazyCtx(context_hash, list(map(self._keys.__getitem__, ante)), self._prefix_key)
 
     def _capped(self) -> bool:
