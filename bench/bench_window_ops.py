@@ -5,13 +5,20 @@ against ``windowkit-fast`` (trace/fastsim.py) on the same sliding trace.
     PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py      # writes bench/results/window_ops.{json,md}
 
 A sliding step is ``evict("head")``, ``admit(new)`` at the tail, ``forward(query)``; each op is timed on its own
-(perf_counter around the call), medians and p90 over the measured steps after a warm-up. The store grows by one
+(perf_counter around the call), medians and p90 over the measured steps after a warm-up. Each measured section
+starts after a ``gc.collect()``: a full collection walks every object of the process (torch's included, ~0.1 s
+here), and whether one lands inside a 0.1 s simulation would otherwise decide its steps/min. The store grows by one
 chunk per step (unbounded). The JSON records the load average before and after: on a shared machine, compare
 ratios within one run.
+
+The store-size sweep runs the same k = 64 sliding loop on a store pre-filled with 1e3, 1e4 and 1e5 other entries
+(through the public store API: ``put_canonical`` of a one-token KV under fresh chunk keys, half of them as
+conditioned KV of a context), so "flat in the store size" is measured, not assumed.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -25,6 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import windowkit as wk  # noqa: E402
+from windowkit.store import ChunkStore, chunk_key, conditioned_key, context_hash  # noqa: E402
 from windowkit.trace import simulate  # noqa: E402
 from windowkit.trace.backend import CostModelBackend  # noqa: E402
 from windowkit.trace.costs import load_profile  # noqa: E402
@@ -33,17 +41,34 @@ from windowkit.trace.generators import sliding_window  # noqa: E402
 from windowkit.trace.simulate import WindowkitStrategy  # noqa: E402
 
 TARGET_US = 100.0
+STORE_SIZES = (1_000, 10_000, 100_000)
 
 
-def ops(k: int, steps: int, warmup: int = 50) -> dict:
-    """Median / p90 microseconds of evict, admit and forward on a ``k``-chunk sliding window."""
+def filled_store(be: CostModelBackend, n: int) -> ChunkStore:
+    """A memory store (as the Window makes its own) holding ``n`` entries unrelated to the trace: one-token KVs,
+    half under chunk keys, half as conditioned KV of a chunk behind a one-chunk context."""
+    store = ChunkStore(model_fingerprint=be.fingerprint(), layout=be.layout)
+    kv = be.encode(be.chunk("__fill__", 1, "text"))
+    fp = be.fingerprint()
+    for i in range(n):
+        key = chunk_key(f"fill-{i}", fp)
+        if i % 2:
+            key = conditioned_key(key, context_hash([chunk_key(f"fill-ctx-{i}", fp)]))
+        store.put_canonical(key, kv, {"chunk_id": f"fill-{i}"})
+    return store
+
+
+def ops(k: int, steps: int, warmup: int = 50, store_fill: int = 0) -> dict:
+    """Median / p90 microseconds of evict, admit and forward on a ``k``-chunk sliding window (on a store already
+    holding ``store_fill`` other entries)."""
     be = CostModelBackend(load_profile("h100-kamera"))
-    win = wk.Window(be)
+    win = wk.Window(be, store=filled_store(be, store_fill)) if store_fill else wk.Window(be)
     for i in range(k):
         win.admit(be.chunk(f"c{i}", 64, "text"))
     win.forward([1, 2])
     chunks = [be.chunk(f"c{k + s}", 64, "text") for s in range(warmup + steps)]
     times: dict[str, list[float]] = {"evict": [], "admit": [], "forward": []}
+    gc.collect()
     for s, c in enumerate(chunks):
         t0 = time.perf_counter()
         win.evict("head")
@@ -63,6 +88,7 @@ def ops(k: int, steps: int, warmup: int = 50) -> dict:
     per_op = [x for ts in times.values() for x in ts]
     out["all_ops"] = {"median_us": statistics.median(per_op) * 1e6,
                       "mean_us": statistics.fmean(per_op) * 1e6}
+    out["store_entries_after"] = len(win.store)
     return out
 
 
@@ -71,6 +97,7 @@ def sim(k: int, steps: int) -> dict:
     trace = sliding_window(steps=steps, k=k, episode_len=(10 ** 6, 10 ** 6), shot_tokens=64)
     res = {}
     for strat in (WindowkitStrategy(), WindowkitFast()):
+        gc.collect()
         t = time.perf_counter()
         r = simulate(trace, strategies=[strat], progress=False)
         dt = time.perf_counter() - t
@@ -87,10 +114,12 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     rows = {k: ops(k, a.steps) for k in (8, 64)}
     sims = {k: sim(k, a.steps) for k in (8, 64)}
+    sweep = {n: ops(64, a.steps, store_fill=n) for n in STORE_SIZES}
     out = {"bench": "window_ops", "target_us": TARGET_US, "steps": a.steps, "python": platform.python_version(),
            "cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": "PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py", "ops": rows, "simulate": sims}
+           "command": "PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py", "ops": rows, "simulate": sims,
+           "store_sweep": {"k": 64, "rows": sweep}}
     Path(a.json).write_text(json.dumps(out, indent=1))
     lines = [f"Window ops on the cost-model backend ({a.steps} sliding steps after 50 warm-up; load average "
              f"{load0:.1f} before, {out['loadavg_after']:.1f} after; {out['date']})", "",
@@ -103,6 +132,15 @@ def main(argv=None) -> int:
                      f"{r['admit']['median_us']:.0f} / {r['admit']['p90_us']:.0f} | "
                      f"{r['forward']['median_us']:.0f} / {r['forward']['p90_us']:.0f} | {r['all_ops']['median_us']:.0f} | "
                      f"{s['windowkit']['steps_per_min']:.0f} / {s['windowkit-fast']['steps_per_min']:.0f} | {same} |")
+    lines += ["", f"Store-size sweep: k = 64, the same sliding loop on a store pre-filled with other entries "
+              "(medians / p90 us)", "",
+              "| stored entries before | evict | admit | forward | all ops median us | entries after |",
+              "|---|---|---|---|---|---|"]
+    for n, r in sweep.items():
+        lines.append(f"| {n:,} | {r['evict']['median_us']:.0f} / {r['evict']['p90_us']:.0f} | "
+                     f"{r['admit']['median_us']:.0f} / {r['admit']['p90_us']:.0f} | "
+                     f"{r['forward']['median_us']:.0f} / {r['forward']['p90_us']:.0f} | "
+                     f"{r['all_ops']['median_us']:.0f} | {r['store_entries_after']:,} |")
     Path(a.md).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

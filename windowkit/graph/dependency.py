@@ -231,6 +231,34 @@ class Cascade:
         return "\n".join(lines)
 
 
+_STR_ONLY = frozenset({str})
+
+
+class LazyCtx:
+    """A context hash computed on first use: ``fn(*args)``, once (``value``).
+
+    ``DependencyGraph.add_patch`` given one as ``ctx`` defers the patch node and its edges until something reads
+    the graph (every read sees exactly the graph the eager calls would have built). A Window passes one for a tail
+    admission whose context nothing in the store can be under: hashing that context (a chain over the whole
+    window) and linking its antecedents is then paid only if the graph is read.
+    """
+
+    __slots__ = ("_fn", "_args", "_value")
+
+    def __init__(self, fn: Callable[..., str], *args):
+        self._fn, self._args, self._value = fn, args, None
+
+    @property
+    def value(self) -> str:
+        if self._value is None:
+            self._value = str(self._fn(*self._args))
+            self._fn = self._args = None
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"LazyCtx({self._value!r})" if self._value is not None else "LazyCtx(<not computed>)"
+
+
 class _Patch:
     __slots__ = ("ref", "antecedents", "kind", "nbytes", "tokens", "missing")
 
@@ -274,14 +302,26 @@ class DependencyGraph:
         self._current: dict[str, PatchRef] = {}
         self._worn_ante: dict[str, dict] = {}  # chunk -> antecedents of its worn patch (the graph's pred dict)
         self._wearers: dict[str, set[str]] = {}  # chunk -> chunks whose worn patch was formed on it
+        # deferred patch links (add_patch with a LazyCtx), in call order; every read links them first (_flush)
+        self._later: list[list] = []
+        self._later_of: dict[str, list[list]] = {}  # chunk -> its deferred links
+        # node -> its place in call order: a deferred link's node is placed where add_patch was called, so the
+        # networkx view lists nodes in the order the eager calls would have (``graph`` re-sorts when needed)
+        self._rank: dict = {}
+        self._clock = 0
+        self._disordered = False
 
     # ------------------------------------------------------------------ facts
     @property
     def graph(self) -> nx.DiGraph:
         """A read-only view of the networkx graph (for analysis and drawing)."""
+        self._flush()
+        if self._disordered:
+            self._sort_nodes()
         return self._g.copy(as_view=True)
 
     def __contains__(self, node: object) -> bool:
+        self._flush()
         return node in self._g
 
     def __len__(self) -> int:
@@ -290,12 +330,14 @@ class DependencyGraph:
 
     @property
     def num_patches(self) -> int:
+        self._flush()
         return len(self._patches)
 
     def chunks(self) -> list[str]:
         return list(self._tokens)
 
     def patches(self) -> list[PatchRef]:
+        self._flush()
         return list(self._patches)
 
     def tokens(self, chunk_id: str) -> int:
@@ -309,40 +351,49 @@ class DependencyGraph:
 
     def patch_info(self, chunk_id: Union[str, PatchRef], ctx: Optional[str] = None) -> dict:
         """``{"chunk_id", "ctx", "antecedents", "kind", "nbytes", "tokens", "stale", "current"}`` of a patch."""
+        self._flush()
         p = self._get(chunk_id, ctx)
         return {"chunk_id": p.ref.chunk_id, "ctx": p.ref.ctx, "antecedents": p.antecedents, "kind": p.kind,
                 "nbytes": p.nbytes, "tokens": p.tokens, "stale": p.missing > 0,
                 "current": self._current.get(p.ref.chunk_id) == p.ref}
 
     def antecedents(self, chunk_id: Union[str, PatchRef], ctx: Optional[str] = None) -> tuple:
+        self._flush()
         return self._get(chunk_id, ctx).antecedents
 
     def patches_of(self, chunk_id: str) -> list[PatchRef]:
         """Every patch of ``chunk_id`` (formed on any context), oldest first."""
+        self._flush()
         return list(self._pred[chunk_id]) if chunk_id in self._tokens else []
 
     def dependents(self, chunk_id: str) -> list[PatchRef]:
         """Patches formed on ``chunk_id`` (it is one of their antecedents), oldest first."""
+        self._flush()
         return list(self._succ[chunk_id]) if chunk_id in self._tokens else []
 
     def current_patch(self, chunk_id: str) -> Optional[PatchRef]:
         """The patch ``chunk_id`` wears now (None: canonical / keep-as-is / evicted)."""
+        self._flush()
         return self._current.get(chunk_id)
 
     def current_dependents(self, chunk_id: str) -> set:
         """Chunks whose worn patch was formed on ``chunk_id``: the ones a disposability test (App. E) toggles
         back to their canonical to ask whether ``chunk_id`` is still load-bearing."""
+        self._flush()
         return set(self._wearers.get(chunk_id, ()))
 
     def is_stale(self, chunk_id: Union[str, PatchRef], ctx: Optional[str] = None) -> bool:
         """True while an antecedent of the patch is evicted."""
+        self._flush()
         return self._get(chunk_id, ctx).missing > 0
 
     def stale_patches(self) -> set:
+        self._flush()
         return set(self._stale)
 
     def copy(self) -> "DependencyGraph":
         """An independent copy (for ``Window.fork``): later events on one never show in the other. O(graph)."""
+        self._flush()
         new = DependencyGraph(self.cost_model)
         new._g = self._g.copy()
         new._succ, new._pred = new._g._succ, new._g._pred
@@ -356,6 +407,7 @@ class DependencyGraph:
         new._current = dict(self._current)
         new._worn_ante = {c: new._pred[r] for c, r in new._current.items()}
         new._wearers = {a: set(w) for a, w in self._wearers.items()}
+        new._rank, new._clock, new._disordered = dict(self._rank), self._clock, self._disordered
         return new
 
     # ------------------------------------------------------------------ edits
@@ -365,16 +417,21 @@ class DependencyGraph:
         if chunk_id not in self._tokens:
             self._g.add_node(chunk_id, tokens=int(tokens))
             self._tokens[chunk_id] = int(tokens)
+            self._rank[chunk_id] = self._clock
+            self._clock += 1
         elif tokens:
             self._tokens[chunk_id] = int(tokens)
             self._g._node[chunk_id]["tokens"] = int(tokens)
 
     def add_patch(self, chunk_id: str, ctx: Optional[str], antecedents: Sequence[str], kind: str = "fresh",
-                  nbytes: int = 0, tokens: int = 0, *, current: bool = True) -> PatchRef:
+                  nbytes: int = 0, tokens: int = 0, *, current: bool = True) -> Optional[PatchRef]:
         """Record that ``chunk_id`` has a patch for context ``ctx`` formed on ``antecedents`` (window order; for
         ``kind="orbit"`` the order does not matter). ``ctx`` should be the store's context hash so graph and
         store keys agree; None derives one from the antecedents. ``current=True`` (default) also makes it the
         patch the chunk wears now. Re-adding the same ``(chunk_id, ctx)`` updates it in place.
+
+        ``ctx`` may be a ``LazyCtx`` (every antecedent already a chunk of the graph): the patch is then linked
+        when the graph is next read, as if it had been linked now, and None is returned.
         """
         _check_id(chunk_id)
         if kind not in KINDS:
@@ -383,33 +440,66 @@ class DependencyGraph:
             raise WindowkitError(f"antecedents is a sequence of chunk ids, not the string {antecedents!r}")
         ante = tuple(antecedents)
         uniq = tuple(dict.fromkeys(ante))
-        for a in uniq:
-            _check_id(a)
+        if not _STR_ONLY.issuperset(map(type, uniq)):  # a str subclass or a non-str: the exact check, in order
+            for a in uniq:
+                _check_id(a)
         if chunk_id in uniq:
             raise WindowkitError(f"a patch of {chunk_id!r} cannot be conditioned on {chunk_id!r} itself")
+        if isinstance(ctx, LazyCtx):
+            if all(map(self._tokens.__contains__, uniq)):  # deferred: only the chunk node is added now
+                self.add_chunk(chunk_id, tokens)
+                rec = [chunk_id, ctx, ante, kind, int(nbytes), int(tokens), self._tokens[chunk_id], current,
+                       self._clock]
+                self._clock += 1  # the patch node's place in call order
+                self._later.append(rec)
+                self._later_of.setdefault(chunk_id, []).append(rec)
+                return None
+            ctx = ctx.value
+        self._flush()
         ctx = _auto_ctx(kind, ante) if ctx is None else str(ctx)
-        ref = PatchRef(chunk_id, ctx)
         self.add_chunk(chunk_id, tokens)
+        return self._link(chunk_id, ctx, ante, uniq, kind, int(nbytes), int(tokens), self._tokens[chunk_id], current,
+                          None)
+
+    def _link(self, chunk_id: str, ctx: str, ante: tuple, uniq: tuple, kind: str, nbytes: int, tokens: int,
+              chunk_tokens: int, current: bool, rank: Optional[int]) -> PatchRef:
+        """``add_patch`` after its checks and its chunk node: the patch node, its edges, the chunk's wear.
+        ``rank``: the node's place in call order (None: now)."""
+        ref = PatchRef(chunk_id, ctx)
         old = self._patches.get(ref)
         if old is not None:
             if old.antecedents != ante:  # same key, new antecedents: rebuild the edges
                 self._drop_patch(old)
                 old = None
             else:
-                old.kind, old.nbytes = kind, int(nbytes)
-                old.tokens = int(tokens) or old.tokens
+                old.kind, old.nbytes = kind, nbytes
+                old.tokens = tokens or old.tokens
                 self._g._node[ref].update(kind=kind, nbytes=old.nbytes, tokens=old.tokens)
         if old is None:
-            rec = _Patch(ref, ante, kind, int(nbytes), int(tokens) or self._tokens[chunk_id])
+            rec = _Patch(ref, ante, kind, nbytes, tokens or chunk_tokens)
             self._patches[ref] = rec
             g = self._g
             g.add_node(ref, kind=kind, antecedents=ante, nbytes=rec.nbytes, tokens=rec.tokens)
-            for a in uniq:
-                if a not in self._tokens:
-                    self.add_chunk(a)
-                g.add_edge(a, ref)
-                if a in self._evicted:
-                    rec.missing += 1
+            if rank is None:
+                rank = self._clock
+                self._clock += 1
+            elif rank < self._clock - 1:  # nodes placed after this call's time are already in: re-sort on view
+                self._disordered = True
+            self._rank[ref] = rank
+            tokens = self._tokens
+            if not all(map(tokens.__contains__, uniq)):
+                for a in uniq:
+                    if a not in tokens:
+                        self.add_chunk(a)
+            # the edges a -> ref without ``g.add_edge``'s per-edge checks (``ref`` is a new node, every ``a`` is a
+            # node already), written in C (map; dict.__setitem__ returns None, so any() walks them all). The
+            # edges into one patch share one empty attribute dict: they carry no data (a patch's antecedents
+            # and costs are node attributes), and a patch of a tail chunk has the whole window as antecedents
+            data: dict = {}
+            self._pred[ref].update(dict.fromkeys(uniq, data))
+            any(map(dict.__setitem__, map(self._succ.__getitem__, uniq), repeat(ref), repeat(data)))
+            nx._clear_cache(g)
+            rec.missing = len(self._evicted.intersection(uniq))  # walks uniq: O(antecedents), not O(evicted)
             g.add_edge(ref, chunk_id)
             if rec.missing:
                 self._stale.add(ref)
@@ -420,16 +510,21 @@ class DependencyGraph:
     def set_current(self, chunk_id: str, ctx: Optional[str]) -> None:
         """Make ``(chunk_id, ctx)`` the patch the chunk wears; ``ctx=None``: it wears none (canonical/blind)."""
         if ctx is None:
+            for rec in self._later_of.get(chunk_id, ()):  # its deferred patches: linked, but not worn
+                rec[7] = False
             self._wear(chunk_id, None)
         else:
+            self._flush()
             self._wear(chunk_id, self._get(chunk_id, ctx).ref)
 
     def remove_patch(self, chunk_id: Union[str, PatchRef], ctx: Optional[str] = None) -> None:
         """Forget a patch (e.g. the store dropped it). Raises PatchNotFoundError if unknown."""
+        self._flush()
         self._drop_patch(self._get(chunk_id, ctx))
 
     def forget(self, chunk_id: str) -> list[PatchRef]:
         """Drop a chunk for good: its node, its own patches and every patch formed on it (returned)."""
+        self._flush()
         if chunk_id not in self._tokens:
             return []
         gone = list(self._pred[chunk_id]) + list(self._succ[chunk_id])
@@ -439,6 +534,7 @@ class DependencyGraph:
         self._wearers.pop(chunk_id, None)
         self._evicted.discard(chunk_id)
         del self._tokens[chunk_id]
+        self._rank.pop(chunk_id, None)
         self._g.remove_node(chunk_id)
         return gone
 
@@ -446,6 +542,7 @@ class DependencyGraph:
     def on_evict(self, chunk_id: str) -> list[PatchRef]:
         """``chunk_id`` left the window. Every patch formed on it is stale now (returned, oldest first); the
         chunk itself stops wearing a patch. Idempotent. O(patches formed on it)."""
+        self._flush()
         _check_id(chunk_id)
         if chunk_id not in self._tokens:
             self.add_chunk(chunk_id)
@@ -462,10 +559,31 @@ class DependencyGraph:
             self._wear(chunk_id, None)
         return deps
 
+    def evict_quietly(self, chunk_id: str) -> None:
+        """``on_evict`` without its answer (the list of patches formed on the chunk): deferred links stay
+        deferred (a link counts its evicted antecedents when it is made, so the state read later is the same)."""
+        _check_id(chunk_id)
+        if chunk_id not in self._tokens:
+            self.on_evict(chunk_id)
+            return
+        for rec in self._later_of.get(chunk_id, ()):  # its deferred patches: linked, but not worn
+            rec[7] = False
+        if chunk_id not in self._evicted:
+            self._evicted.add(chunk_id)
+            patches, stale = self._patches, self._stale
+            for ref in self._succ[chunk_id]:
+                rec = patches[ref]
+                rec.missing += 1
+                if rec.missing == 1:
+                    stale.add(ref)
+        if chunk_id in self._current:
+            self._wear(chunk_id, None)
+
     def on_recall(self, chunk_id: str, window_ids: Sequence[str]) -> Cascade:
         """``chunk_id`` is back in the window, at its place in ``window_ids`` (the window after the recall). Its
         dependents' patches are live again as far as it is concerned; returns ``cascade(chunk_id, window_ids)``:
         the recalled chunk's own fresh patch and, in window order, the dependents that need a fresh one."""
+        self._flush()
         _check_id(chunk_id)
         if chunk_id not in self._tokens:
             self.add_chunk(chunk_id)
@@ -488,6 +606,7 @@ class DependencyGraph:
         chunk already in the cascade that sits before d. Steps come in window order; each costs
         ``cost_model(d, tokens)``. O(window) with C-level set tests.
         """
+        self._flush()
         window = window_ids if isinstance(window_ids, (list, tuple)) else list(window_ids)
         try:
             r = window.index(chunk_id)
@@ -522,6 +641,7 @@ class DependencyGraph:
     def divergence(self, chunk_id: Union[str, PatchRef], ctx: Optional[str], current: Sequence[str],
                    embed: Optional[Embed] = None) -> float:
         """``divergence`` of a stored patch's antecedents from ``current`` (order ignored for orbit patches)."""
+        self._flush()
         p = self._get(chunk_id, ctx)
         return divergence(p.antecedents, current, embed, ordered=p.kind != "orbit")
 
@@ -534,6 +654,7 @@ class DependencyGraph:
         one not in it would be appended at the tail, so it has the whole window) or a mapping
         ``chunk_id -> antecedents``. Ties: earlier in the window first (its refresh feeds later ones), then id.
         """
+        self._flush()
         if isinstance(current_context, Mapping):
             ante_of = lambda c: current_context.get(c, ())  # noqa: E731
             pos = {}
@@ -550,6 +671,25 @@ class DependencyGraph:
         return scored
 
     # ------------------------------------------------------------------ internals
+    def _flush(self) -> None:
+        """Link the deferred patches (``add_patch`` with a LazyCtx), in call order."""
+        if not self._later:
+            return
+        later, self._later = self._later, []
+        self._later_of.clear()
+        for cid, lazy, ante, kind, nbytes, tokens, chunk_tokens, current, rank in later:
+            self._link(cid, lazy.value, ante, tuple(dict.fromkeys(ante)), kind, nbytes, tokens, chunk_tokens, current,
+                       rank)
+
+    def _sort_nodes(self) -> None:
+        """Put the networkx node dicts in call order (deferred links place their nodes late). O(n log n)."""
+        rank, g = self._rank.__getitem__, self._g
+        for d in (g._node, g._succ, g._pred):
+            items = sorted(d.items(), key=lambda kv: rank(kv[0]))
+            d.clear()
+            d.update(items)
+        self._disordered = False
+
     def _get(self, chunk_id: Union[str, PatchRef], ctx: Optional[str] = None) -> _Patch:
         ref = chunk_id if ctx is None and isinstance(chunk_id, tuple) else PatchRef(chunk_id, ctx)
         rec = self._patches.get(ref)
@@ -561,18 +701,22 @@ class DependencyGraph:
         old = self._current.get(chunk_id)
         if old == ref:
             return
+        wearers = self._wearers
+        # the loops over a patch's antecedents run in C (map; set.add / set.discard return None, so any() walks
+        # them all): a worn patch of a tail chunk has the whole window as antecedents, and this runs per edit
         if old is not None:
-            for a in self._pred[old]:
-                w = self._wearers.get(a)
-                if w is not None:
-                    w.discard(chunk_id)
+            any(map(set.discard, filter(None, map(wearers.get, self._pred[old])), repeat(chunk_id)))
             del self._current[chunk_id]
             del self._worn_ante[chunk_id]
         if ref is not None:
+            ante = self._pred[ref]
             self._current[chunk_id] = ref
-            self._worn_ante[chunk_id] = self._pred[ref]
-            for a in self._pred[ref]:
-                self._wearers.setdefault(a, set()).add(chunk_id)
+            self._worn_ante[chunk_id] = ante
+            if not all(map(wearers.__contains__, ante)):
+                for a in ante:
+                    if a not in wearers:
+                        wearers[a] = set()
+            any(map(set.add, map(wearers.__getitem__, ante), repeat(chunk_id)))
 
     def _drop_patch(self, rec: _Patch) -> None:
         ref = rec.ref
@@ -580,6 +724,7 @@ class DependencyGraph:
             self._wear(ref.chunk_id, None)
         self._stale.discard(ref)
         del self._patches[ref]
+        self._rank.pop(ref, None)
         self._g.remove_node(ref)
 
 

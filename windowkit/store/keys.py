@@ -24,7 +24,7 @@ import hashlib
 import json
 from functools import lru_cache
 from json.encoder import encode_basestring_ascii
-from typing import Sequence
+from typing import Iterable, Sequence
 
 KEY_HEX = 32
 
@@ -51,6 +51,7 @@ def chunk_key(content_hash: str, model_fingerprint: str | None, salt: str = "") 
     return _digest_strs("chunk", str(content_hash), model_fingerprint or "")
 
 
+@lru_cache(maxsize=1 << 10)  # pure: every context chain of a window starts here
 def context_root(prefix: str = "", salt: str = "") -> str:
     """Hash of the empty context after ``prefix`` (the start of the chain ``context_hash`` walks)."""
     if salt:
@@ -64,6 +65,28 @@ def context_step(prev: str, key: str) -> str:
     return _digest_strs(str(prev), str(key))
 
 
+@lru_cache(maxsize=1 << 16)
+def _step_tail(key: str) -> bytes:
+    """The JSON text of a chain step after the previous hash: ``",<key as JSON>]``."""
+    return ('",' + encode_basestring_ascii(str(key)) + "]").encode()
+
+
+def context_chain(h: str, keys: Iterable[str]) -> str:
+    """``context_step`` applied over ``keys`` in turn, starting from the context hash ``h``: the same value, byte
+    for byte, with one sha256 per key and nothing else (a hash is hex, so it needs no JSON escaping; the key's
+    escaped text is cached). The tail admission of a window hashes its whole window: this is its hot path."""
+    it = iter(keys)
+    for k in it:  # the first step through the general path (``h`` may be any string)
+        h = context_step(h, k)
+        break
+    else:
+        return h
+    b, sha, tail = h.encode(), hashlib.sha256, _step_tail
+    for k in it:
+        b = sha(b'["' + b + tail(k)).hexdigest()[:KEY_HEX].encode()
+    return b.decode()
+
+
 def context_hash(ids: Sequence[str], prefix: str = "", salt: str = "") -> str:
     """Hash of an ordered antecedent context: the chunk keys before the patched chunk, after ``prefix``.
 
@@ -74,10 +97,7 @@ def context_hash(ids: Sequence[str], prefix: str = "", salt: str = "") -> str:
     """
     if isinstance(ids, str):  # a lone string would hash as its characters
         raise TypeError("context_hash takes a sequence of chunk keys, not one string")
-    h = context_root(prefix, salt)
-    for i in ids:
-        h = context_step(h, i)
-    return h
+    return context_chain(context_root(prefix, salt), ids)
 
 
 def orbit_context_hash(ids: Sequence[str], prefix: str = "", salt: str = "") -> str:
@@ -109,4 +129,5 @@ def _conditioned_key(key: str, ctx: str, salt: str) -> str:
     return _digest_strs("conditioned", key, ctx, salt) if salt else _digest_strs("conditioned", key, ctx)
 
 
-__all__ = ["chunk_key", "conditioned_key", "context_hash", "context_root", "context_step", "orbit_context_hash"]
+__all__ = ["chunk_key", "conditioned_key", "context_chain", "context_hash", "context_root", "context_step",
+           "orbit_context_hash"]

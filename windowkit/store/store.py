@@ -276,6 +276,13 @@ class ChunkStore:
         eid = (PATCH, key, ctx)
         return eid in self._entries or self._shared_exists(eid)
 
+    def _may_hold_patch(self, key: str) -> bool:
+        """False only when no tier can hold a patch of chunk ``key`` (any context): a Window then skips hashing
+        the context of an admission just to look one up."""
+        if self.shared is not None:
+            return True
+        return any(eid[0] == PATCH for eid in self._by_key.get(key, ()))
+
     def meta(self, key: str, ctx: Optional[str] = None) -> dict:
         """The ``meta`` given at put time (a copy); ChunkNotFoundError if absent."""
         e = self._entries.get(_eid(key, ctx))

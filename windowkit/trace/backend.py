@@ -154,9 +154,11 @@ class CostModelBackend:
         self.ledger.forwards += 1
         self.stats.forwards += 1
         self.stats.forward_tokens += n
+        zk = self._zero_kv
+        out = [zk[k] if k in zk else self._zeros(k) for k in counts]
         if kw.get("return_logits"):
-            return [self._zeros(k) for k in counts], torch.zeros(VOCAB)
-        return [self._zeros(k) for k in counts]
+            return out, torch.zeros(VOCAB)
+        return out
 
     def _zeros(self, n: int) -> ChunkKV:
         """A shared zero KV of ``n`` tokens: the Window never writes into a backend's KV (edits make new tensors)."""

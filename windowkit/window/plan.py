@@ -57,9 +57,14 @@ class RepairRule:
 
     def counts(self, sizes: Sequence[int]) -> list[int]:
         """Tokens to recompute (from each chunk's start) for stale survivors of these sizes, in window order."""
+        ns = list(map(int, sizes))
         if self.full:
-            return [int(n) for n in sizes]
-        return [int(n) if (self.head and k == 0) else min(self.sink, int(n)) for k, n in enumerate(sizes)]
+            return ns
+        s = self.sink  # min(sink, n) per survivor; the head rule keeps the first wholly (runs per edit: no calls)
+        out = [n if n < s else s for n in ns]
+        if self.head and ns:
+            out[0] = ns[0]
+        return out
 
     @classmethod
     def parse(cls, spec: Union[str, "RepairRule", None]) -> "RepairRule":

@@ -28,6 +28,8 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import attrgetter
 from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
@@ -37,6 +39,7 @@ from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, Windo
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
+from windowkit.graph.dependency import LazyCtx
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
 from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, common_prefix, movers_of, repair_rule
@@ -50,6 +53,9 @@ Where = Union[str, int]
 # eviction the look-ups stop at the first survivor instead of hashing the whole window. A persistent or shared
 # store holds entries this process never wrote: there every context is looked up (``Window._context_hint``).
 _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
+
+
+_ID, _SPAN = attrgetter("id"), attrgetter("span")  # C-level per-entry reads (map) on the per-op paths
 
 
 @dataclass
@@ -105,9 +111,25 @@ class _Entry:
     pending: bool = False  # a tail admission whose conditioned prefill waits for the next read (Window._settle)
     fresh: Optional[tuple[tuple[str, ...], torch.Tensor]] = None  # (antecedents, [S] bool): tokens recomputed on them
     id: str = field(init=False)  # the chunk's id (a field, not a property: the planner reads it per entry per op)
+    n: int = field(init=False)  # the chunk's tokens (a Chunk is immutable; len() reads a tensor: cached here)
 
     def __post_init__(self) -> None:
         self.id = self.chunk.id
+        self.n = len(self.chunk)
+
+
+def _entry_ctx(self: _Entry) -> str:
+    c = self._ctx
+    if c.__class__ is not str:  # a LazyCtx (a tail admission's context, hashed on first read)
+        c = self._ctx = c.value
+    return c
+
+
+def _set_entry_ctx(self: _Entry, ctx: Union[str, LazyCtx]) -> None:
+    self._ctx = ctx
+
+
+_Entry.ctx = property(_entry_ctx, _set_entry_ctx)  # type: ignore[assignment]  (the dataclass field, read lazily)
 
 
 class Window:
@@ -231,7 +253,7 @@ class Window:
     # ================================================================== facts
     @property
     def ids(self) -> list[str]:
-        return [e.id for e in self._entries]
+        return list(map(_ID, self._entries))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -241,18 +263,16 @@ class Window:
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(e.chunk) for e in self._entries) + (len(self.prefix) if self.prefix is not None else 0)
+        return sum(e.n for e in self._entries) + (len(self.prefix) if self.prefix is not None else 0)
 
     @property
     def next_position(self) -> int:
-        return self._prefix_span + sum(e.span for e in self._entries)
+        return self._prefix_span + sum(map(_SPAN, self._entries))
 
     def starts(self) -> list[int]:
         """Start position of every entry (contiguous after the prefix)."""
-        out, p = [], self._prefix_span
-        for e in self._entries:
-            out.append(p)
-            p += e.span
+        out = list(accumulate(map(_SPAN, self._entries), initial=self._prefix_span))
+        out.pop()
         return out
 
     @property
@@ -307,7 +327,7 @@ class Window:
         self._evicted[e.id] = e.chunk
         self._live.discard(e.id)
         self.store.unpin(e.key)
-        self.graph.on_evict(e.id)  # patches formed on it are stale from now on
+        self.graph.evict_quietly(e.id)  # patches formed on it are stale from now on
         self._version += 1
         if self.mode == "patch" and idx < len(self._entries):
             if self.removal_patches:
@@ -487,13 +507,13 @@ class Window:
         ids = self.ids
         for i, (e, s) in enumerate(zip(self._entries, self.starts())):
             if e.kv is not None and e.kv_start != s:
-                n = len(e.chunk)
+                n = e.n
                 b = self._rope_bytes_per_token() * n
                 edits.append(Edit("relocate", e.id, n, self._bandwidth_ms(2 * b), 2 * b))
             if self.mode == "patch" and e.ante != tuple(ids[:i]):
                 # optional: its KV keeps conditioning formed on another context (keep-as-is);
                 # recondition() would form a fresh patch with one conditioned forward
-                n = len(e.chunk)
+                n = e.n
                 score, rebuild = reuse_decision(e.ante, ids[:i])
                 edits.append(Edit("refresh-patch", e.id, n, n * ms_tok, self._patch_bytes_per_token() * n, score,
                                   rebuild))
@@ -695,7 +715,7 @@ class Window:
             if clean and self.mode != "exact":
                 ne.kv, ne.kv_start = other._placed(other._canonical(ne), st, None), st
                 ne.ctx, ne.ante = "", ("__clean__",)
-                other.graph.add_chunk(ne.id, len(ne.chunk))
+                other.graph.add_chunk(ne.id, ne.n)
                 other.graph.set_current(ne.id, None)
             other.store.pin(e.key)
             other._entries.append(ne)
@@ -747,7 +767,7 @@ class Window:
             if not self.store.has_canonical(e.key):
                 if exact and not ante and self.prefix is None:
                     kv0 = e.kv if e.kv_start == 0 or not self._needs_past else e.kv.relocate(-e.kv_start, self.backend.rope)
-                    self.store.put_canonical(e.key, kv0, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+                    self.store.put_canonical(e.key, kv0, {"chunk_id": e.id, "tokens": str(e.n)})
                 else:
                     self._canonical(e)
             if exact and ante:
@@ -803,7 +823,7 @@ class Window:
                 self.stats.fallbacks += 1
         res = self._run([e.chunk], 0, None)
         self.stats.encodes += 1
-        self.store.put_canonical(e.key, res.kv, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+        self.store.put_canonical(e.key, res.kv, {"chunk_id": e.id, "tokens": str(e.n)})
         return res.kv
 
     def _ctx(self, ante: Sequence[str]) -> str:
@@ -814,7 +834,7 @@ class Window:
         if h is None:  # sha256 over the keys is the cost of a survivor refresh: memoize per context
             if len(self._ctx_memo) > 4096:
                 self._ctx_memo.clear()
-            h = self._ctx_memo[ante] = context_hash([self._keys[i] for i in ante], prefix=self._prefix_key)
+            h = self._ctx_memo[ante] = context_hash(list(map(self._keys.__getitem__, ante)), prefix=self._prefix_key)
         return h
 
     def _get_patch(self, key: str, ctx: str) -> Optional[Patch]:
@@ -850,8 +870,8 @@ class Window:
         e = _Entry(chunk, key, self.backend.span(chunk))
         if self.mode != "exact":
             before = list(self._entries)[:idx]
-            start = self._prefix_span + sum(x.span for x in before)
-            ante = tuple(x.id for x in before)
+            start = self._prefix_span + sum(map(_SPAN, before))
+            ante = tuple(map(_ID, before))
             if self.mode == "blind":
                 canon = self._canonical(e)
                 e.kv, e.kv_start = self._placed(canon, start, None), start
@@ -874,13 +894,14 @@ class Window:
     def _condition(self, e: _Entry, idx: int, start: int, ante: tuple[str, ...]) -> None:
         """Give ``e`` its KV conditioned on ``ante``: a stored patch if that context recurs, else one
         conditioned forward (kept as the KV) and a patch formed from it for next time."""
-        ctx = self._ctx(ante)
-        patch = self._get_patch(e.key, ctx)
-        if patch is not None and patch.num_tokens == len(e.chunk):
+        ctx = self._condition_ctx(e, ante)
+        lazy = ctx.__class__ is LazyCtx  # nothing can be stored under it: both look-ups would miss
+        patch = None if lazy else self._get_patch(e.key, ctx)
+        if patch is not None and patch.num_tokens == e.n:
             canon = self._canonical(e)
             e.kv, e.kv_start = self._placed(canon, start, patch), start
             self.stats.patch_reuses += 1
-        elif (ante or self.prefix is not None) and (kv0 := self._conditioned(e, ctx)) is not None:
+        elif (ante or self.prefix is not None) and not lazy and (kv0 := self._conditioned(e, ctx)) is not None:
             e.kv, e.kv_start = self._placed(kv0, start, None), start  # this chunk behind this context before: exact
         elif not ante and self.prefix is None:
             # nothing in front: the chunk's prefill at position 0 *is* its canonical; no patch needed
@@ -889,28 +910,57 @@ class Window:
             else:
                 e.kv = self._run([e.chunk], 0, None).kv
                 self.stats.encodes += 1
-                self.store.put_canonical(e.key, e.kv, {"chunk_id": e.id, "tokens": str(len(e.chunk))})
+                self.store.put_canonical(e.key, e.kv, {"chunk_id": e.id, "tokens": str(e.n)})
             e.kv_start = 0
         elif self.form == "lazy":
             # keep the conditioned prefill only: no canonical encode, no patch until something needs them
             res = self._run([e.chunk], start, self._kv_upto(idx))
             e.kv, e.kv_start = res.kv, start
             if self._exact_upto(idx):
-                self._keep_conditioned(e, res.kv, start, ctx, ante)
+                self._keep_conditioned(e, res.kv, start, ctx.value if lazy else ctx, ante)
         else:
             past = self._kv_upto(idx)
             res = self._run([e.chunk], start, past)
             if self._exact_upto(idx):
-                self._form_fresh(e, res.kv, start, ctx, ante)
+                self._form_fresh(e, res.kv, start, ctx.value if lazy else ctx, ante)
             else:  # a forward over stale survivors is not KV(B|ante): never store it as one (the canonical is exact)
                 self._canonical(e)
             e.kv, e.kv_start = res.kv, start
         e.ctx, e.ante = ctx, ante
         if ante:
-            self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * len(e.chunk), len(e.chunk))
+            self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * e.n, e.n)
         else:
-            self.graph.add_chunk(e.id, len(e.chunk))
+            self.graph.add_chunk(e.id, e.n)
             self.graph.set_current(e.id, None)
+
+    def _condition_ctx(self, e: _Entry, ante: tuple[str, ...]) -> Union[str, LazyCtx]:
+        """The context hash of ``ante`` for ``_condition``; a LazyCtx (hashed on its first read) where the store
+        can hold nothing for ``e`` under it: no patch of ``e`` under any context, and a context that is not a
+        known one (``_CONTEXT_HINTS``, prefix-closed: the walk stops at the first unknown prefix). A tail
+        admission's context is the whole window, a chain of one sha256 per chunk; skipping its look-ups changes
+        nothing they would have found."""
+        if len(ante) < 2:
+            return self._ctx(ante)
+        h = self._ctx_memo.get(ante)
+        if h is not None:
+            return h
+        hint = self._context_hint()
+        if hint is None or (self._use_patches and self.store._may_hold_patch(e.key)):
+            return self._ctx(ante)
+        if self._keeps_conditioned:  # _conditioned looks up only a known context
+            h = context_root(self._prefix_key)
+            if h in hint:
+                keys = self._keys
+                for cid in ante:
+                    h = context_step(h, keys[cid])
+                    if h not in hint:
+                        break
+                else:  # a known context: the walk hashed it
+                    if len(self._ctx_memo) > 4096:
+                        self._ctx_memo.clear()
+                    self._ctx_memo[ante] = h
+                    return h
+        return LazyCtx(context_hash, list(map(self._keys.__getitem__, ante)), self._prefix_key)
 
     def _capped(self) -> bool:
         return self.cap and self.mode == "patch" and self.form == "lazy" and not self.removal_patches
@@ -918,7 +968,7 @@ class Window:
     def _view(self, wanted: Sequence[Chunk]) -> WindowView:
         """The window as the tensor-free rules read it (windowkit.window.plan): ids, sizes, what the store holds."""
         keys = dict(self._keys)
-        tokens = {e.id: len(e.chunk) for e in self._entries}
+        tokens = {e.id: e.n for e in self._entries}
         fp = self.backend.fingerprint()
         for c in wanted:
             tokens.setdefault(c.id, len(c))
@@ -957,7 +1007,7 @@ class Window:
             self._evicted[e.id] = e.chunk
             self._live.discard(e.id)
             self.store.unpin(e.key)
-            self.graph.on_evict(e.id)
+            self.graph.evict_quietly(e.id)
             edits.append(("evict", e.id))
         edits.reverse()
         self._version += 1
@@ -983,7 +1033,7 @@ class Window:
         starts, off = self.starts(), 0
         front_exact = self._exact_upto(keep)
         for i in range(keep, len(self._entries)):
-            e, n = self._entries[i], len(self._entries[i].chunk)
+            e, n = self._entries[i], self._entries[i].n
             kv = res.kv.slice(off, off + n) if res.kv is not None else None
             off += n
             if i == 0 and self.prefix is None:
@@ -1016,7 +1066,7 @@ class Window:
         except WindowkitError:  # corrupt or vanished: recompute, never serve
             self.stats.fallbacks += 1
             return None
-        return kv if kv.num_tokens == len(e.chunk) else None
+        return kv if kv.num_tokens == e.n else None
 
     def _context_hint(self) -> Optional[set[str]]:
         """The known-context set of this window's store (``_CONTEXT_HINTS``), or None where it cannot be complete."""
@@ -1057,7 +1107,7 @@ class Window:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
         (none kept as-is or partly repaired after an edit), so a forward over them is the exact conditioned KV."""
         ids = self.ids
-        return all(x.ante == tuple(ids[:j]) for j, x in enumerate(list(self._entries)[:idx]))
+        return all(len(x.ante) == j and x.ante == tuple(ids[:j]) for j, x in enumerate(list(self._entries)[:idx]))
 
     def _form_fresh(self, e: _Entry, cond: ChunkKV, start: int, ctx: str, ante: Sequence[str]) -> None:
         """Form and store the patch of ``e`` for context ``ctx`` from its conditioned KV ``cond`` at ``start``."""
@@ -1089,7 +1139,7 @@ class Window:
                 for perm in orderings(ante, limit=self.orbit_samples):
                     chunks = ([self.prefix] if self.prefix is not None else []) + [self.chunk(i) for i in perm]
                     res = self._run(chunks + [e.chunk], 0, None)
-                    conds.append(res.kv.slice(res.kv.num_tokens - len(e.chunk), res.kv.num_tokens))
+                    conds.append(res.kv.slice(res.kv.num_tokens - e.n, res.kv.num_tokens))
                 patch = form_orbit_patch(conds, canon, start, self.backend.rope, self.rank, layers=self.patch_layers,
                                          method=self.svd, meta={"context": octx})
                 self.stats.patch_forms += 1
@@ -1101,7 +1151,7 @@ class Window:
         e.kv, e.kv_start = self._placed(canon, start, patch), start
         e.ctx, e.ante = exact_ctx, ante
         if ante:
-            self.graph.add_patch(e.id, exact_ctx, ante, "orbit", 0 if patch is None else patch.nbytes, len(e.chunk))
+            self.graph.add_patch(e.id, exact_ctx, ante, "orbit", 0 if patch is None else patch.nbytes, e.n)
 
     def _refresh_known(self, first: int) -> None:
         """Survivors from ``first`` on have new antecedents. Where the exact conditioning for the new context
@@ -1116,7 +1166,9 @@ class Window:
             h = context_step(h, x.key)
         for i in range(first, len(entries)):
             e = entries[i]
-            ctx, h = h, context_step(h, e.key)
+            if i > first:  # one step per survivor looked at (none past the last one: the walk usually stops early)
+                h = context_step(h, entries[i - 1].key)
+            ctx = h
             if e.pending or (len(e.ante) == i and e.ante == tuple(ids[:i])):
                 continue
             head = i == 0 and self.prefix is None
@@ -1131,7 +1183,7 @@ class Window:
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
             else:
                 patch = self._get_patch(e.key, ctx)
-                if patch is not None and patch.num_tokens == len(e.chunk):
+                if patch is not None and patch.num_tokens == e.n:
                     e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
                     self.stats.patch_reuses += 1
                 else:
@@ -1141,7 +1193,7 @@ class Window:
                     e.kv, e.kv_start = self._placed(kv0, starts[i], None), starts[i]
             e.ctx, e.ante = ctx, ante
             if ante:
-                self.graph.add_patch(e.id, ctx, ante, "fresh", 0, len(e.chunk))
+                self.graph.add_patch(e.id, ctx, ante, "fresh", 0, e.n)
             else:
                 self.graph.set_current(e.id, None)
 
@@ -1153,7 +1205,7 @@ class Window:
         res = self._run([e.chunk for e in entries[first:]], starts[first], past)
         off = 0
         for e, s in zip(entries[first:], starts[first:]):
-            n = len(e.chunk)
+            n = e.n
             target = res.kv.slice(off, off + n)
             off += n
             kept = self._kv_at(e, s).relocate(-s, self.backend.rope)  # canonical frame of the kept KV
@@ -1210,12 +1262,12 @@ class Window:
             self.stats.repaired_tokens += sum(res.token_counts)
             off = 0
             for i in range(f, n):
-                e, m = entries[i], len(entries[i].chunk)
+                e, m = entries[i], entries[i].n
                 self._set_exact(e, res.kv.slice(off, off + m), starts[i], tuple(ids[:i]))
                 off += m
             return
         last = pairs[-1][0]
-        full = {i for i, k in pairs if k == len(entries[i].chunk)}
+        full = {i for i, k in pairs if k == entries[i].n}
         if self._needs_past:
             parts = [self._prefix_kv] if self._prefix_kv is not None else []
             for j in range(last + 1):  # the window up to the last repaired chunk (a wholly recomputed one is masked)
@@ -1225,9 +1277,9 @@ class Window:
             moved = [j for j in range(last + 1) if j not in full]
             self._relocate_all([entries[j] for j in moved], [starts[j] for j in moved])
             past = None
-        total = sum(k for _, k in pairs)
-        res = self.backend.recompute(past, [entries[i].chunk for i, _ in pairs], [starts[i] for i, _ in pairs],
-                                     [range(k) for _, k in pairs])
+        at, ks = [i for i, _ in pairs], [k for _, k in pairs]
+        total = sum(ks)
+        res = self.backend.recompute(past, [entries[i].chunk for i in at], [starts[i] for i in at], list(map(range, ks)))
         self.stats.forwards += 1
         self.stats.prefill_tokens += total
         self.stats.repaired_tokens += total
@@ -1240,13 +1292,19 @@ class Window:
 
     def _repair_pairs(self, entries: list[_Entry], stale: list[int]) -> list[tuple[int, int]]:
         """(index, tokens to recompute from its start) per stale survivor, by the repair rule."""
-        counts = self.repair.counts([len(entries[i].chunk) for i in stale])
+        counts = self.repair.counts([entries[i].n for i in stale])
         return [(i, k) for i, k in zip(stale, counts) if k > 0]
 
     def _write_repair(self, entries: list[_Entry], ids: list[str], starts: list[int], pairs: list[tuple[int, int]],
                       full: set[int], fresh: Sequence[ChunkKV]) -> None:
         """Write a repair's fresh KV back: a wholly recomputed survivor is exact from now on, a partly
         repaired one gets its first k tokens fresh and keeps the rest (e.kv already sits at starts[i])."""
+        if not self._needs_past:  # a cost model's KV is a stand-in: only the wholly recomputed survivors change
+            done = pairs if len(fresh) >= len(pairs) else pairs[:len(fresh)]
+            for i in (sorted(full) if done is pairs else [i for i, _ in done if i in full]):
+                e = entries[i]
+                self._set_exact(e, e.kv, starts[i], tuple(ids[:i]))
+            return
         for (i, k), new in zip(pairs, fresh):
             e = entries[i]
             if i in full:
@@ -1287,7 +1345,7 @@ class Window:
         patch or conditioned KV for its context, something in front of it) and nothing else is batched."""
         if not self._fuses or (self._repair_pending is not None and self._repair_pending < len(self._entries)):
             return False
-        if (self._recomputes and len(e.chunk) != e.span) or not len(e.chunk) or (not ante and self.prefix is None):
+        if (self._recomputes and e.n != e.span) or not e.n or (not ante and self.prefix is None):
             return False  # a span != its tokens (recompute positions are token positions), or the head: not deferred
         ctx = self._ctx(ante)
         if self.store.has_patch(e.key, ctx) and self._use_patches:
@@ -1317,10 +1375,10 @@ class Window:
         pairs = self._repair_pairs(entries, stale)
         if not pairs and not tail:
             return None
-        full = {i for i, k in pairs if k == len(entries[i].chunk)}
+        full = {i for i, k in pairs if k == entries[i].n}
         chunks = [entries[i].chunk for i, _ in pairs] + [x.chunk for x in entries[t:]]
         at = [starts[i] for i, _ in pairs] + starts[t:]
-        offsets = [range(k) for _, k in pairs] + [range(len(x.chunk)) for x in entries[t:]]
+        offsets = [range(k) for _, k in pairs] + [range(x.n) for x in entries[t:]]
         if query is not None:
             chunks, at, offsets = chunks + [query], at + [self.next_position], offsets + [range(len(query))]
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
@@ -1330,7 +1388,7 @@ class Window:
         out = self.backend.recompute(concat(parts) if parts else None, chunks, at, offsets,
                                      return_logits=query is not None)
         fresh, logits = out if query is not None else (out, None)
-        repaired, admitted = sum(k for _, k in pairs), sum(len(x.chunk) for x in entries[t:])
+        repaired, admitted = sum(k for _, k in pairs), sum(x.n for x in entries[t:])
         self.stats.forwards += 1
         self.stats.prefill_tokens += repaired + admitted
         self.stats.repaired_tokens += repaired
@@ -1347,10 +1405,9 @@ class Window:
                 self._keep_conditioned(e, kv, starts[i], ctx, ante)
             e.ctx, e.ante = ctx, ante
             if ante:
-                self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * len(e.chunk),
-                                     len(e.chunk))
+                self.graph.add_patch(e.id, ctx, ante, "fresh", self._patch_bytes_per_token() * e.n, e.n)
             else:
-                self.graph.add_chunk(e.id, len(e.chunk))
+                self.graph.add_chunk(e.id, e.n)
                 self.graph.set_current(e.id, None)
         return (logits, fresh[-1]) if query is not None else None
 
@@ -1370,10 +1427,10 @@ class Window:
         self.stats.prefill_tokens -= len(query) if query is not None else 0  # the query is not window prefill
         if stale:
             self.stats.fallbacks += 1
-            self.stats.repaired_tokens += sum(len(x.chunk) for x in entries[f:t])
+            self.stats.repaired_tokens += sum(x.n for x in entries[f:t])
         off = 0
         for i in range(f, n):
-            e, m = entries[i], len(entries[i].chunk)
+            e, m = entries[i], entries[i].n
             kv = res.kv.slice(off, off + m)
             off += m
             e.pending = False
@@ -1389,9 +1446,9 @@ class Window:
         e.kv, e.kv_start = kv, start
         e.ante, e.ctx = ante, self._ctx(ante)
         if ante:
-            self.graph.add_patch(e.id, e.ctx, ante, "fresh", 0, len(e.chunk))
+            self.graph.add_patch(e.id, e.ctx, ante, "fresh", 0, e.n)
         else:
-            self.graph.add_chunk(e.id, len(e.chunk))
+            self.graph.add_chunk(e.id, e.n)
             self.graph.set_current(e.id, None)
 
     def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
@@ -1413,8 +1470,8 @@ class Window:
                 e.kv = e.kv.relocate(start - e.kv_start, self.backend.rope)
             e.kv_start = start
             self.stats.relocations += 1
-            self.stats.bytes_moved += self._rope_bytes_per_token() * len(e.chunk) * 2
-            self._credit(len(e.chunk), t0)
+            self.stats.bytes_moved += self._rope_bytes_per_token() * e.n * 2
+            self._credit(e.n, t0)
         return e.kv
 
     def _relocate_all(self, entries: Sequence[_Entry], starts: Sequence[int]) -> None:
@@ -1429,7 +1486,7 @@ class Window:
                 raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
             if e.kv_start != s:
                 e.kv_start = s
-                n = len(e.chunk)
+                n = e.n
                 moved += n
                 self.stats.relocations += 1
                 self.stats.bytes_moved += nbytes * n
