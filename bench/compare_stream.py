@@ -1,0 +1,84 @@
+"""Paired comparison of stream-task runs of ``windowkit bench real`` that share a seed and k: the same logs and
+questions in the same order, so rows line up step by step; every strategy is scored on the first n steps that
+all the given files hold (a run cut short still counts for the steps it finished).
+
+    PYTHONPATH=. .venv/bin/python bench/compare_stream.py --out bench/results/real_stream_k8_paired.md \
+        bench/results/real_stream_k8.json bench/results/real_stream_k8_query_partial.json \
+        bench/results/real_stream_k8_focus.json
+
+Columns: mean first-token KL vs exact, greedy answer = exact, the same where exact is right, accuracy minus
+exact's (points; right answers lost / gained), prefill tokens on the critical path / the prefix cache's.
+A strategy name found in several files is taken from the first (``--label`` tags each file's rows instead).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def stream_rows(path: str) -> list[dict]:
+    raw = json.loads(Path(path).read_text())["raw"]["stream"]
+    out: list[dict] = []
+    for x in (raw if isinstance(raw, list) else raw.values()):
+        out += x if isinstance(x, list) else [x]
+    return out
+
+
+def score(rows: list[dict], s: str) -> dict:
+    n = len(rows)
+    right = [r for r in rows if r[s]["exact_correct"]]
+    acc = sum(r[s]["correct"] for r in rows) / n
+    exact = len(right) / n
+    return {"n": n, "kl": sum(r[s]["kl"] for r in rows) / n, "agree": sum(r[s]["agree"] for r in rows) / n,
+            "agree_where_exact_right": sum(r[s]["agree"] for r in right) / max(len(right), 1),
+            "accuracy_minus_exact_points": 100 * (acc - exact),
+            "lost": sum(1 for r in right if not r[s]["correct"]),
+            "gained": sum(1 for r in rows if not r[s]["exact_correct"] and r[s]["correct"]),
+            "cost_vs_prefix_cache": sum(r[s]["tokens"] for r in rows) / sum(r[s]["prefix_cache_tokens"] for r in rows)}
+
+
+def compare(files: list[str], labels: list[str]) -> tuple[int, dict[str, dict]]:
+    data = [stream_rows(f) for f in files]
+    n = min(len(d) for d in data)
+    out: dict[str, dict] = {}
+    for rows, label in zip(data, labels):
+        for s in rows[0]:
+            name = f"{s} ({label})" if label else s
+            if s in ("exact", "prefix-cache") or name in out:
+                continue
+            out[name] = score(rows[:n], s)
+    return n, out
+
+
+def markdown(n: int, res: dict[str, dict]) -> str:
+    lines = [f"Paired on the first {n} steps of every file.", "",
+             "| strategy | mean KL | answer = exact | = exact where exact right | accuracy - exact (lost / gained) "
+             "| tokens vs prefix cache |", "|---|---:|---:|---:|---|---:|"]
+    for s, r in sorted(res.items(), key=lambda kv: kv[1]["cost_vs_prefix_cache"]):
+        lines.append(f"| {s} | {r['kl']:.4f} | {r['agree']:.3f} | {r['agree_where_exact_right']:.3f} | "
+                     f"{r['accuracy_minus_exact_points']:+.1f} ({r['lost']} / {r['gained']}) | "
+                     f"{r['cost_vs_prefix_cache']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+", help="bench real --tasks stream JSON files (same seed and k)")
+    ap.add_argument("--label", action="append", default=None, help="a tag per file for its strategies' names")
+    ap.add_argument("--out", default=None, help="write the markdown table here (and the numbers as .json)")
+    a = ap.parse_args()
+    labels = a.label or [""] * len(a.files)
+    if len(labels) != len(a.files):
+        ap.error("give one --label per file, or none")
+    n, res = compare(a.files, labels)
+    md = markdown(n, res)
+    print(md)
+    if a.out:
+        Path(a.out).write_text(md)
+        Path(a.out).with_suffix(".json").write_text(json.dumps({"steps": n, "files": a.files, "strategies": res},
+                                                               indent=1))
+
+
+if __name__ == "__main__":
+    main()
