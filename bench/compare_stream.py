@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("files", nargs="+", help="bench real --tasks stream JSON files (same seed and k)")
     ap.add_argument("--label", action="append", default=None, help="a tag per file for its strategies' names")
     ap.add_argument("--out", default=None, help="write the markdown table here (and the numbers as .json)")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
     labels = a.label or [""] * len(a.files)
     if len(labels) != len(a.files):
         ap.error("give one --label per file, or none")

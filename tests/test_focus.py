@@ -205,11 +205,41 @@ def test_a_query_rule_focuses_inside_forward_and_generate(be):
         win = window_of(be, chunks, repair="head+query:8")
         win.evict("head")
         getattr(win, call)(QUERY) if call == "forward" else win.generate(QUERY, max_new_tokens=2)
-        assert win.stats.probe_tokens == len(QUERY) + LOOK and win.stats.repaired_tokens == 8 + 8
+        # answering, the probe is the query's own run: extra are the lookahead and the re-run last query token
+        assert win.stats.probe_tokens == LOOK + 1 and win.stats.repaired_tokens == 8 + 8
     plain = window_of(be, chunks, repair="head")
     plain.evict("head")
     plain.forward(QUERY)
     assert plain.stats.probe_tokens == 0
+
+
+def test_a_query_rule_answers_from_the_repaired_window_and_the_probes_query_kv(be):
+    """forward() with a query rule: its logits are transformers' run of the query's last token over [the window
+    after the focus + the KV of the query's other tokens as they ran over the window before it], and the window
+    changed in exactly the focused positions."""
+    chunks = [text(be, 10, 160 + i) for i in range(5)]
+    win = window_of(be, chunks, repair="head+query:8")
+    win.evict("head")
+    twin = window_of(be, chunks, repair="head")  # the same window up to the focus
+    twin.evict("head")
+    stale = twin.window_kv()
+    logits = win.forward(QUERY)
+    after = win.window_kv()
+    changed = sum(int(not torch.equal(a[:, p], b[:, p])) for p in range(stale.num_tokens)
+                  for a, b in [(after.layers[-1][0], stale.layers[-1][0])])
+    assert changed == 8 and win.stats.repaired_tokens == 10 + 8
+    start, q = stale.num_tokens, len(QUERY)
+    with torch.no_grad():
+        cache = DynamicCache([(k[None], v[None]) for k, v in stale.layers])
+        be.model(input_ids=QUERY[:-1][None], position_ids=torch.arange(start, start + q - 1)[None],
+                 past_key_values=cache, use_cache=True)
+        probe = [(layer.keys[0, :, start:], layer.values[0, :, start:]) for layer in cache.layers]
+        cache = DynamicCache([(torch.cat([k, a], 1)[None], torch.cat([v, b], 1)[None])
+                              for (k, v), (a, b) in zip(after.layers, probe)])
+        out = be.model(input_ids=QUERY[-1:][None], position_ids=torch.tensor([[start + q - 1]]),
+                       past_key_values=cache, use_cache=True)
+    assert torch.allclose(out.logits[0, -1].float(), logits, atol=1e-4)
+    assert kl_divergence(out.logits[0, -1].float(), logits) <= 1e-6
 
 
 def test_focus_is_a_no_op_on_the_cost_model_and_on_mla():
@@ -241,13 +271,18 @@ def test_the_focus_budget_keeps_the_step_within_its_share_of_the_prefix_cache(be
     step = win.stats.prefill_tokens - p0 + len(QUERY)  # + the query's own forward
     prefix_cache = 4 * 30 + len(QUERY)
     assert n >= wk.Window.FOCUS_MIN and step <= 0.6 * prefix_cache and step > 0.6 * prefix_cache - 2
-    # the head rule spends 60 of the 75 allowed: 5 tokens are left, too few for the rule's own probe
-    win2 = _window_of(be, chunks[:4], repair="head+query:64", focus_budget=0.6)
-    win2.forward(QUERY)
-    win2.evict("head")
-    win2.admit(chunks[4])
-    win2.forward(QUERY)
-    assert win2.stats.probe_tokens == 0 and win2.stats.repaired_tokens == 30
+    # inside forward the probe is the query's own run: the head rule spends 60 of the 75 allowed at 0.6, the
+    # lookahead and the re-run last query token 2, the query 5: 8 tokens are left for the focus; at 0.5, none
+    for share, focused in ((0.6, 8), (0.5, 0)):
+        win2 = _window_of(be, chunks[:4], repair="head+query:64", focus_budget=share)
+        win2.forward(QUERY)
+        p0 = win2.stats.prefill_tokens
+        win2.evict("head")
+        win2.admit(chunks[4])
+        win2.forward(QUERY)
+        assert win2.stats.repaired_tokens == 30 + focused and win2.stats.probe_tokens == (2 if focused else 0)
+        if focused:  # (at 0.5 the edits alone are over the share: the focus is what stays out)
+            assert win2.stats.prefill_tokens - p0 + len(QUERY) <= share * prefix_cache
     with pytest.raises(WindowkitError):
         wk.Window(be, focus_budget=1.5)
 

@@ -370,7 +370,7 @@ class HFBackend:
         return outs
 
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1,
-                        lookahead: int = 0) -> torch.Tensor:
+                        lookahead: int = 0, return_kv: bool = False):
         """How much the query reads each past token: [past.num_tokens] attention weights, summed over heads and
         averaged over layers, of the query's last ``rows`` tokens and of ``lookahead`` greedy tokens decoded after
         it (a row sums to the head count over past + query + decoded tokens).
@@ -380,7 +380,8 @@ class HFBackend:
         ``lookahead=1`` reads where the first answer token looks: a chat model's first token after the question is
         often a space or a template token, and it is the token after it that copies the fact. Forwards of the
         query (and each decoded token) over ``past`` with transformers' eager attention (the only one that returns
-        the weights), switched back after the call. Text LLM families only (those with ``recompute``).
+        the weights), switched back after the call. Text LLM families only (those with ``recompute``). With
+        ``return_kv=True`` returns ``(weights, query_kv)``: the query's KV from that forward (positions ``start``..).
         """
         if not self.supports_recompute:
             raise UnsupportedModelError(f"query attention is read for text LLM families, not {self.model_type!r}")
@@ -396,6 +397,7 @@ class HFBackend:
             kw["logits_to_keep"] = 1
         embeds, pos = self.embeds(query).embeds[None], torch.arange(int(start), int(start) + q, device=self.device)
         picked: list[torch.Tensor] = []  # per forward: [L, s_len] of its rows
+        query_kv = None
         impl = self.model.config._attn_implementation
         self.model.set_attn_implementation("eager")
         try:
@@ -407,13 +409,18 @@ class HFBackend:
                 r = rows if step == 0 else 1
                 # per layer [1, H, new, s_len + ...] -> the last r rows over the past, summed over heads
                 picked.append(torch.stack([a[0, :, -r:, :s_len].float().sum(0).sum(0) for a in out.attentions]))
+                if step == 0 and return_kv:
+                    c = getattr(out, "cache", None) or out.past_key_values
+                    query_kv = ChunkKV([(layer.keys[0, :, s_len:s_len + q], layer.values[0, :, s_len:s_len + q])
+                                        for layer in c.layers], self.layout, pos[None].cpu())
                 if step < int(lookahead):
                     tok = out.logits[0, -1].argmax().reshape(1, 1)
                     embeds = self.model.get_input_embeddings()(tok.to(self.device))
                     pos = pos[-1:] + 1
         finally:
             self.model.set_attn_implementation(impl)
-        return (torch.stack(picked).sum(0).mean(0) / (rows + int(lookahead))).cpu()
+        weights = (torch.stack(picked).sum(0).mean(0) / (rows + int(lookahead))).cpu()
+        return (weights, query_kv) if return_kv else weights
 
     # ------------------------------------------------------------------ self-check
     def _verify_relocation(self) -> None:

@@ -539,9 +539,15 @@ def _assign_step(st: Strategy, win: Any, want: list[Chunk], backend: SharedForwa
     if st.blend is not None:
         past, extra = blend_recompute(backend, win, ref, st.blend)
         f0 -= 1
+    elif getattr(getattr(win, "repair", None), "query", 0):
+        # query-aware repair runs inside the Window's own decode: the probe is the question's run, the repair
+        # forward re-runs its last token over the repaired window (tokens counted in the Window's stats)
+        t1 = time.perf_counter()
+        toks = win.generate(query, max_new_tokens=MAX_NEW["stream"], eos_token_id=codec.eos, stop=number_done(codec))
+        ans = Answer(win.last_logits, toks, time.perf_counter() - t1)
+        secs = time.perf_counter() - t0 + (backend.replayed_s - r0)
+        return Outcome(ans, win.stats.prefill_tokens - p0 + len(query), win.stats.forwards - f0 + 1, secs)
     else:
-        if getattr(getattr(win, "repair", None), "query", 0):
-            win.focus(query)  # the stale tokens this question reads, recomputed (counted in the step's tokens)
         past = win.window_kv()
     ans = memo.get(past)
     replay = 0.0

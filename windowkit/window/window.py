@@ -553,9 +553,9 @@ class Window:
         """Next-token logits [vocab] of the last query token after the window. The window's contents are unchanged;
         deferred work (a pending repair, pending tail admissions) runs in the same forward as the query."""
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
-        if self.repair.query:
-            self.focus(q)
-        fused = self._settle(q)
+        fused = self._focus(q, None, answer=True)[1] if self.repair.query else None
+        if fused is None:
+            fused = self._settle(q)
         if fused is not None:
             logits = fused[0]
         else:
@@ -577,9 +577,9 @@ class Window:
         step = Chunk.text(ids, id="__gen__")
         pos = self.next_position
         out: list[int] = []
-        if self.repair.query and max_new_tokens > 0:
-            self.focus(step)
-        fused = self._settle(step) if max_new_tokens > 0 else None
+        fused = self._focus(step, None, answer=True)[1] if self.repair.query and max_new_tokens > 0 else None
+        if fused is None:
+            fused = self._settle(step) if max_new_tokens > 0 else None
         past = self.window_kv()  # marks the read: decoding is not the next step's spending
         for k in range(int(max_new_tokens)):
             if k == 0 and fused is not None:  # the query already ran with the deferred work
@@ -604,24 +604,34 @@ class Window:
 
             win.assign(entries)
             win.focus(question_ids)              # the repair rule's query:N tokens (or tokens=N)
-            answer = win.generate(question_ids)  # a repair rule with query:N calls focus itself
+            answer = win.generate(question_ids)  # a repair rule with query:N focuses inside generate / forward
 
         A position rule (sink:N, head) is blind to the question: after a slide the facts a question needs can
         sit deep inside a survivor that still carries the evicted chunk's conditioning. One probe forward of the
-        query over the window reads its last token's attention (``backend.query_attention``); the ``tokens``
-        stale tokens it weighs most (tokens not already recomputed on the current antecedents) are recomputed in
-        one selective forward (``backend.recompute``, CacheBlend's selection by attention). The probe and the
-        recompute together never exceed the stale survivors' tokens, which a prefix cache would re-prefill for
-        this step. A no-op outside patch mode, with no stale survivor, or on a backend without selective
-        recompute or attention weights (cost model, MLA, M-RoPE). Counted in ``stats.probe_tokens`` /
-        ``repaired_tokens`` / ``prefill_tokens``.
+        query over the window reads where its last token and one greedy token after it attend
+        (``backend.query_attention``); the ``tokens`` stale tokens weighed most (tokens not already recomputed on
+        the current antecedents) are recomputed in one selective forward (``backend.recompute``, CacheBlend's
+        selection by attention). Probe and recompute never exceed the stale survivors' tokens, which a prefix
+        cache would re-prefill for this step. A no-op outside patch mode, with no stale survivor, or on a backend
+        without selective recompute or attention weights (cost model, MLA, M-RoPE). Counted in
+        ``stats.probe_tokens`` / ``repaired_tokens`` / ``prefill_tokens``.
+
+        Called by hand the probe is extra work (the query runs again to answer). Inside ``forward`` /
+        ``generate`` it is the query's own run: the recompute forward also re-runs the query's last token over
+        the repaired window and answers from there (the rest of the query keeps the KV of the probe).
         """
+        return self._focus(query_ids, tokens, answer=False)[0]
+
+    def _focus(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk], tokens: Optional[int],
+               answer: bool) -> tuple[int, Optional[tuple[torch.Tensor, ChunkKV]]]:
+        """``focus``; with ``answer`` also ``(logits, query_kv)`` of the query over the repaired window (None when
+        nothing was recomputed: the caller runs the query as usual)."""
         n = self.repair.query if tokens is None else int(tokens)
         if n < 0:
             raise WindowkitError(f"focus: tokens must be >= 0, got {tokens!r}")
         if (n == 0 or self.mode != "patch" or not self._recomputes or not self._needs_past
                 or not hasattr(self.backend, "query_attention")):
-            return 0
+            return 0, None
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
         self._settle()
         entries = list(self._entries)
@@ -639,29 +649,38 @@ class Window:
             cand.append(off + starts[i])
             owner += [i] * off.numel()
         pool = torch.cat(cand) if cand else torch.zeros(0, dtype=torch.long)
-        probe = len(q) + self.FOCUS_LOOKAHEAD
+        look = self.FOCUS_LOOKAHEAD
+        probe = look + 1 if answer else len(q) + look  # answering, the query's own run is not extra
         n = min(n, pool.numel() - probe)  # probe + recompute <= the stale tokens a prefix cache re-prefills
         if self.focus_budget is not None:
-            n = min(n, self._focus_allowance(len(q)))
+            n = min(n, self._focus_allowance(len(q), probe))
         if n < (1 if tokens is not None else self.FOCUS_MIN):  # the rule's own focus skips a probe worth too little
-            return 0
+            return 0, None
         past = self._assemble()
-        look = self.FOCUS_LOOKAHEAD
-        att = self.backend.query_attention(past, q, self.next_position, lookahead=look)  # [window tokens]
-        self.backend.forget(q)
-        self.stats.forwards += 1 + look
-        self.stats.prefill_tokens += len(q) + look
-        self.stats.probe_tokens += len(q) + look
+        at = self.next_position
+        att, qkv = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
         top = att[pool].topk(n).indices.sort().values
         picked: dict[int, list[int]] = {}
         for j in top.tolist():
             i = owner[j]
             picked.setdefault(i, []).append(int(pool[j]) - starts[i])
         order = sorted(picked)
-        fresh = self.backend.recompute(past, [entries[i].chunk for i in order], [starts[i] for i in order],
-                                       [torch.tensor(picked[i]) for i in order])
-        self.stats.forwards += 1
-        self.stats.prefill_tokens += n
+        chunks = [entries[i].chunk for i in order]
+        where = [starts[i] for i in order]
+        offsets = [torch.tensor(picked[i]) for i in order]
+        if answer:  # the query's last token rides along: its logits answer over the repaired window
+            out = self.backend.recompute(concat([past, qkv]), chunks + [q], where + [at],
+                                         offsets + [torch.tensor([len(q) - 1])], return_logits=True)
+            fresh, logits = out[0][:-1], out[1]
+            last = out[0][-1]
+            qkv = ChunkKV([(torch.cat([k[:, :-1], a], 1), torch.cat([v[:, :-1], b], 1))
+                           for (k, v), (a, b) in zip(qkv.layers, last.layers)], qkv.layout, qkv.positions)
+        else:
+            fresh = self.backend.recompute(past, chunks, where, offsets)
+        self.backend.forget(q)
+        self.stats.forwards += 2 + look
+        self.stats.prefill_tokens += n + probe
+        self.stats.probe_tokens += probe
         self.stats.repaired_tokens += n
         for i, new in zip(order, fresh):
             e, off = entries[i], torch.tensor(picked[i])
@@ -673,20 +692,19 @@ class Window:
                 layers.append((x, y))
             e.kv = ChunkKV(layers, kv.layout, kv.positions)
             self._mark_fresh(e, tuple(ids[:i]), off)
-        return n
+        return n, ((logits, qkv) if answer else None)
 
     FOCUS_MIN = 8  # fewer tokens than this are not worth a probe forward of the whole query
     FOCUS_LOOKAHEAD = 1  # the probe also decodes one greedy token and reads its attention (query_attention)
 
-    def _focus_allowance(self, q: int) -> int:
+    def _focus_allowance(self, q: int, probe: int) -> int:
         """Tokens focus may recompute so that this step (edits since the last read + probe + recompute + the
         query itself) stays within ``focus_budget`` x what a prefix cache spends on it (re-prefill from the
         first entry changed since the last read, + the query)."""
-        ids = self.ids
-        keep = common_prefix(self._read_ids, ids)
+        keep = common_prefix(self._read_ids, self.ids)
         pc = sum(len(e.chunk) for e in list(self._entries)[keep:]) + q
         spent = self.stats.prefill_tokens - self._step_p0
-        return int(self.focus_budget * pc) - spent - 2 * q - self.FOCUS_LOOKAHEAD
+        return int(self.focus_budget * pc) - spent - q - probe
 
     # ================================================================== forks and the disposability test
     def fork(self, clean: bool = False) -> "Window":
