@@ -420,12 +420,11 @@ def test_budget_edges_and_rejection_counts():
     s = ChunkStore(budget_bytes=NB, layout=LAY)
     assert s.put_canonical("a", _kv(1)) and s.nbytes == NB                     # exactly the budget fits
     s.pin("a")
-    big = ChunkStore(layout=LAY)
     assert not s.put_canonical("b", _kv(2, s=6))                                # 168 > 140: too large
     assert not s.put_canonical("c", _kv(3, s=6))
     assert not s.put_canonical("b", _kv(2))                                     # fits alone; "a" is pinned
     assert s.stats.rejected == 3 and s.stats.rejected_reasons == {"too_large": 2, "pinned": 1}
-    assert s.keys() == ["a"] and s.stats.bytes_written == NB and big.nbytes == 0
+    assert s.keys() == ["a"] and s.stats.bytes_written == NB
     # pinned bytes + the new entry one byte over the budget: refused, not a failed eviction
     t = ChunkStore(budget_bytes=2 * NB - 1, layout=LAY)
     t.pin("a")
@@ -443,12 +442,12 @@ def test_removals_tell_evictions_from_drops(tmp_path):
     assert pol.removed == [(("c", "a", ""), True)] and s.stats.evictions == 1
     s.put_canonical("b", _kv(9))                                               # a replacement is no eviction
     assert pol.removed[-1] == (("c", "b", ""), False)
+    pnb = (5 + 4) * 4 + (5 + 3) * 4                                            # a rank-1 patch of _kv(): 68 bytes
     for ctx in ("x", "y"):
-        s.put_patch("d", ctx, patch_from_deficit(_kv(5), 1))
-    pol.removed.clear()
-    before = s.stats.evictions
-    s.put_patch("e", "x", patch_from_deficit(_kv(6), 1))
-    assert all(ev is True for _, ev in pol.removed) and s.stats.evictions == before + len(pol.removed)
+        s.put_patch("d", ctx, patch_from_deficit(_kv(5), 1))                  # x evicts "c"; y fits
+    s.put_patch("e", "x", patch_from_deficit(_kv(6), 1))                      # evicts "b"
+    assert pol.removed[2:] == [(("c", "c", ""), True), (("c", "b", ""), True)] and s.stats.evictions == 3
+    assert s.nbytes == 3 * pnb and s.keys() == []
     s.close()
 
 
