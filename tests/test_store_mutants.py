@@ -805,3 +805,277 @@ def test_shared_mooncake_is_built_from_the_environment_and_owned(monkeypatch):
     mine = RecBackend()
     ChunkStore(model_fingerprint="fp", shared=mine).close()
     assert mine.closed == 0                                                     # the caller's: left open
+
+
+# ----------------------------------------------------------------------------------------------- disk.py survivors
+# The disk format by its documented recipes (windowkit/store/disk.py's module doc): file names, header, the
+# index's sha256 / HMAC column; files and index rows are edited by hand with sqlite3 to reach each check.
+
+import re  # noqa: E402
+import sqlite3  # noqa: E402
+
+from windowkit.store import disk as disk_mod  # noqa: E402
+from windowkit.store.disk import CorruptEntry, _header_metadata  # noqa: E402
+
+
+def _index_row(path, kind, key, ctx):
+    db = sqlite3.connect(str(Path(path) / "index.sqlite"))
+    try:
+        return db.execute("SELECT file, sha256, file_bytes, nbytes, meta, seq FROM entries WHERE kind = ? AND key = ? "
+                          "AND ctx = ?", (kind, key, ctx)).fetchone()
+    finally:
+        db.close()
+
+
+def _set_index(path, kind, key, sha, file_bytes):
+    db = sqlite3.connect(str(Path(path) / "index.sqlite"))
+    try:
+        db.execute("UPDATE entries SET sha256 = ?, file_bytes = ? WHERE kind = ? AND key = ?",
+                   (sha, file_bytes, kind, key))
+        db.commit()
+    finally:
+        db.close()
+
+
+def test_header_metadata_bounds_and_messages():
+    with pytest.raises(CorruptEntry, match=r"^file shorter than a safetensors header$"):
+        _header_metadata(b"\0" * 7)
+    with pytest.raises(CorruptEntry, match=r"^unreadable safetensors header: "):
+        _header_metadata(b"\0" * 8)                                            # 8 bytes: a header of length 0
+    assert _header_metadata((2).to_bytes(8, "little") + b"{}") == {}          # the header fills the file exactly
+    with pytest.raises(CorruptEntry, match=r"^safetensors header runs past the end of the file$"):
+        _header_metadata((3).to_bytes(8, "little") + b"{}")
+
+
+def test_file_names_header_and_sequence(tmp_path):
+    from safetensors import safe_open
+
+    s = ChunkStore(tmp_path, layout=LAY)                                       # no fingerprint
+    for i, k in enumerate(("a", "b", "c"), start=1):
+        s.put_canonical(k, _kv(i))
+        stem = hashlib.sha256(json.dumps(["c", k, ""]).encode()).hexdigest()[:32]
+        assert Path(s.entry_path(k)).name == f"{stem}-{i}.safetensors"
+    with safe_open(s.entry_path("a"), framework="pt") as f:
+        hdr = f.metadata()
+    assert hdr["format"] == "windowkit-store/1" and hdr["model_fingerprint"] == "" and hdr["kind"] == "c"
+    s.close()
+
+
+def test_the_index_holds_the_documented_hmac(tmp_path):
+    for fp in ("fp", None):
+        path = tmp_path / str(fp)
+        s = ChunkStore(path, model_fingerprint=fp, layout=LAY, auth_key=KEY, cache_salt="t1")
+        meta = {"z": [1, 2], "a": {"y": 1, "b": 2}}
+        s.put_canonical("k", _kv(1), meta)
+        data = Path(s.entry_path("k")).read_bytes()
+        file, sha, fbytes, nbytes, _, _ = _index_row(path, "c", "k", "")
+        ident = json.dumps([fp or "", domain_tag("t1"), "c", "k", "", NB]).encode()
+        mb = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+        assert sha == "hmac:" + EntryAuth(KEY).mac(ident, mb, data) and fbytes == len(data) and nbytes == NB
+        s.close()
+    u = ChunkStore(tmp_path / "u", layout=LAY)
+    u.put_canonical("k", _kv(1))
+    want = hashlib.sha256(Path(u.entry_path("k")).read_bytes()).hexdigest()
+    assert _index_row(tmp_path / "u", "c", "k", "")[1] == want
+    u.close()
+
+
+def test_a_new_version_of_an_entry_replaces_its_file(tmp_path):
+    s = ChunkStore(tmp_path, layout=WIDE)
+    s.put_canonical("a", _wide(1))
+    old = Path(s.entry_path("a"))
+    assert s.compress("a", COLD) > 0                                           # rewrites the same entry id
+    new = Path(s.entry_path("a"))
+    assert new != old and not old.exists() and sorted((tmp_path / "objects").iterdir()) == [new]
+    s.put_canonical("b", _wide(2))
+    Path(s.entry_path("b")).unlink()                                           # its file vanished; the cache
+    assert s.compress("b", COLD) > 0 and Path(s.entry_path("b")).exists()     # still holds it: compressed
+    s.close()
+
+
+def test_a_failed_write_raises_its_own_error_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    s = ChunkStore(tmp_path, layout=LAY)
+
+    def no_space(*a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(disk_mod, "open", no_space, raising=False)
+    with pytest.raises(OSError, match="No space left on device"):
+        s.put_canonical("k", _kv(1))
+    monkeypatch.undo()
+    assert list((tmp_path / "objects").iterdir()) == []
+    s.close()
+
+
+def test_missing_and_misplaced_files(tmp_path):
+    s = ChunkStore(tmp_path / "s", layout=LAY)
+    s.put_canonical("a", _kv(1))
+    s.put_canonical("b", _kv(2))
+    s.close()
+    Path(next(p for p in (tmp_path / "s" / "objects").iterdir() if p.name.endswith("-1.safetensors"))).unlink()
+    r = ChunkStore(tmp_path / "s", layout=LAY)                                 # the row of the missing file goes
+    assert r.keys() == ["b"] and r.stats.corrupt_dropped == 1
+    r.close()
+    m = ChunkStore(tmp_path / "m", memory_budget_bytes=0, layout=LAY)
+    m.put_canonical("a", _kv(1))
+    Path(m.entry_path("a")).unlink()
+    with pytest.raises(StoreCorruptError, match=r"^store entry c/a/ dropped: cannot read "):
+        m.get_canonical("a")
+    # b's row pointing at a's bytes (a's content, a valid checksum): the header names another entry
+    m.put_canonical("a", _kv(1))
+    m.put_canonical("b", _kv(2))
+    data = Path(m.entry_path("a")).read_bytes()
+    Path(m.entry_path("b")).write_bytes(data)
+    _set_index(tmp_path / "m", "c", "b", hashlib.sha256(data).hexdigest(), len(data))
+    m.close()
+    m = ChunkStore(tmp_path / "m", memory_budget_bytes=0, layout=LAY)
+    with pytest.raises(StoreCorruptError, match=r": holds c/a/, the index says c/b/$"):
+        m.get_canonical("b")
+    # a's header intact, its tensors cut short (a valid checksum): unreadable safetensors
+    bad = data[:-8]
+    Path(m.entry_path("a")).write_bytes(bad)
+    m.close()
+    _set_index(tmp_path / "m", "c", "a", hashlib.sha256(bad).hexdigest(), len(bad))
+    m = ChunkStore(tmp_path / "m", memory_budget_bytes=0, layout=LAY)
+    with pytest.raises(StoreCorruptError, match=r": unreadable safetensors: "):
+        m.get_canonical("a")
+    m.close()
+
+
+def test_a_forged_file_says_hmac_mismatch(tmp_path):
+    s = ChunkStore(tmp_path, memory_budget_bytes=0, layout=WIDE, auth_key=KEY)
+    s.put_canonical("a", _wide(1))
+    _flip(s.entry_path("a"))
+    with pytest.raises(StoreCorruptError, match=r"HMAC mismatch \(forged, replaced, or written with another key\)$"):
+        s.compress("a", COLD)
+    s.close()
+
+
+def _meta_table(path) -> dict:
+    db = sqlite3.connect(str(Path(path) / "index.sqlite"))
+    try:
+        return dict(db.execute("SELECT k, v FROM meta").fetchall())
+    finally:
+        db.close()
+
+
+def test_folder_meta_is_the_documented_one(tmp_path):
+    ChunkStore(tmp_path / "a", model_fingerprint="fp", layout=LAY).close()
+    assert _meta_table(tmp_path / "a") == {
+        "format": "windowkit-store/1", "model_fingerprint": "fp",
+        "layout": '{"family": "gqa", "num_layers": 1, "rope_slot": 0, "slot_shapes": [[1, 4], [1, 3]]}'}
+    s = ChunkStore(tmp_path / "b", layout=LAY, cache_salt="t1", auth_key=KEY)
+    s.put_canonical("k", _kv(1))
+    s.close()
+    m = _meta_table(tmp_path / "b")
+    assert m["domain"] == domain_tag("t1") and m["auth_key_id"] == EntryAuth(KEY).key_id
+    r = ChunkStore(tmp_path / "b", cache_salt="t1", auth_key=KEY)              # same domain, same key: reopens
+    assert _same(r.get_canonical("k"), _kv(1))
+    r.close()
+
+
+def test_folder_refusals_say_what_to_do(tmp_path):
+    p = tmp_path / "f"
+    ChunkStore(p, model_fingerprint="m1", layout=LAY).close()
+    with pytest.raises(ModelMismatchError, match=rf"^store {p} was written for model m1, not m2; open it with that "
+                                                 r"model or use another path$"):
+        ChunkStore(p, model_fingerprint="m2")
+    other = KVLayout("gqa", 1, ((1, 4), (1, 4)), 0)
+    with pytest.raises(KVShapeError, match="^" + re.escape(f"store {p} holds KV of layout {LAY.describe()}, not "
+                                                           f"{other.describe()}") + "$"):
+        ChunkStore(p, layout=other)
+    s = ChunkStore(p)
+    with pytest.raises(WindowkitError, match=rf"^store {p} is open elsewhere \(another ChunkStore or process\); "
+                                             r"close it first$"):
+        ChunkStore(p)
+    s.close()
+    s.close()                                                                  # closing twice is fine
+    db = sqlite3.connect(str(p / "index.sqlite"))
+    db.execute("UPDATE meta SET v = 'windowkit-store/0' WHERE k = 'format'")
+    db.commit()
+    db.close()
+    with pytest.raises(WindowkitError, match=rf"^store {p} has format 'windowkit-store/0'; this windowkit reads "
+                                             r"'windowkit-store/1'$"):
+        ChunkStore(p)
+    (tmp_path / "d" / "index.sqlite").mkdir(parents=True)                      # an index that cannot be opened
+    with pytest.raises(StoreCorruptError, match=rf"^store index {tmp_path / 'd' / 'index.sqlite'} is unreadable: "):
+        ChunkStore(tmp_path / "d")
+
+
+def test_trust_refusals_say_what_to_do(tmp_path):
+    def make(name, **kw):
+        s = ChunkStore(tmp_path / name, layout=LAY, **kw)
+        s.put_canonical("k", _kv(1))
+        s.close()
+        return tmp_path / name
+
+    salted, keyed, plain = make("salted", cache_salt="t1"), make("keyed", auth_key=KEY), make("plain")
+    with pytest.raises(TrustDomainError, match=rf"^store {salted} belongs to another trust domain \(cache_salt\) "
+                                               r"than this one; open it with the cache_salt it was written with, or "
+                                               r"use another path$"):
+        ChunkStore(salted)
+    kid = EntryAuth(KEY).key_id
+    with pytest.raises(AuthKeyError, match=rf"^store {keyed} holds authenticated entries \(auth key id {kid}\): pass "
+                                           r"that key \(auth_key=\.\.\., or WINDOWKIT_AUTH_KEY / "
+                                           r"WINDOWKIT_AUTH_KEY_FILE\)$"):
+        ChunkStore(keyed)
+    with pytest.raises(AuthKeyError, match=rf"^store {plain} was written without an auth key, so its entries cannot "
+                                           r"be authenticated: open it without auth_key, or give the keyed store a "
+                                           r"new path$"):
+        ChunkStore(plain, auth_key=KEY)
+    other = b"another key of 16+ bytes"
+    with pytest.raises(AuthKeyError, match=rf"^store {keyed} was written with auth key id {kid}, not this key "
+                                           rf"\({EntryAuth(other).key_id}\): pass the key it was written with, or "
+                                           r"give the new key a new path \(see docs/security\.md, rotation\)$"):
+        ChunkStore(keyed, auth_key=other)
+
+
+def test_unsalted_keyed_entries_mac_an_empty_domain(tmp_path):
+    s = ChunkStore(tmp_path, layout=LAY, auth_key=KEY)
+    s.put_canonical("k", _kv(1))
+    data = Path(s.entry_path("k")).read_bytes()
+    ident = json.dumps(["", "", "c", "k", "", NB]).encode()
+    assert _index_row(tmp_path, "c", "k", "")[1] == "hmac:" + EntryAuth(KEY).mac(ident, b"{}", data)
+    assert "domain" not in _meta_table(tmp_path)
+    s.close()
+
+
+def test_the_lock_file_and_connections_are_released(tmp_path):
+    def fds_on(path):
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                out.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return [x for x in out if x.startswith(str(path))]
+
+    old = os.umask(0o022)
+    try:
+        s = ChunkStore(tmp_path, layout=LAY)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "LOCK").stat().st_mode & 0o777 == 0o644
+    assert fds_on(tmp_path)
+    s.close()
+    assert fds_on(tmp_path) == []                                              # index and lock both closed
+
+
+def test_a_disk_store_is_used_from_other_threads(tmp_path):
+    import threading
+
+    s = ChunkStore(tmp_path, layout=LAY)
+    err = []
+
+    def work():
+        try:
+            s.put_canonical("k", _kv(1))
+            assert _same(s.get_canonical("k"), _kv(1))
+        except Exception as e:  # noqa: BLE001
+            err.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert err == [] and s.keys() == ["k"]
+    s.close()
