@@ -909,12 +909,14 @@ def test_a_failed_write_raises_its_own_error_and_leaves_no_temp_file(tmp_path, m
 
 def test_missing_and_misplaced_files(tmp_path):
     s = ChunkStore(tmp_path / "s", layout=LAY)
-    s.put_canonical("a", _kv(1))
-    s.put_canonical("b", _kv(2))
+    for i, k in enumerate(("a", "b", "c")):
+        s.put_canonical(k, _kv(i))
     s.close()
-    Path(next(p for p in (tmp_path / "s" / "objects").iterdir() if p.name.endswith("-1.safetensors"))).unlink()
-    r = ChunkStore(tmp_path / "s", layout=LAY)                                 # the row of the missing file goes
-    assert r.keys() == ["b"] and r.stats.corrupt_dropped == 1
+    for p in (tmp_path / "s" / "objects").iterdir():
+        if not p.name.endswith("-2.safetensors"):
+            p.unlink()
+    r = ChunkStore(tmp_path / "s", layout=LAY)                                 # the rows of missing files go
+    assert r.keys() == ["b"] and r.stats.corrupt_dropped == 2
     r.close()
     m = ChunkStore(tmp_path / "m", memory_budget_bytes=0, layout=LAY)
     m.put_canonical("a", _kv(1))
