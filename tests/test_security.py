@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import sys
 import warnings
 
 import pytest
@@ -154,6 +155,54 @@ def test_unkeyed_shared_tier_warns_once_embedded_and_keyed_do_not(mc):
         assert len(got) == 1 and "auth_key" in str(got[0].message) and "WINDOWKIT_AUTH_KEY" in str(got[0].message)
     keyed.close()
     plain.close()
+
+
+class _UnkeyedBackend:
+    """A StoreBackend that is not in-process and holds no key (what a MooncakeBackend without auth_key is)."""
+
+    namespace = None
+    auth = None
+
+    def __init__(self) -> None:
+        self.stats: dict = {}
+
+    def put(self, key, value, meta=None):
+        pass
+
+    def get(self, key):
+        return None
+
+    def exists(self, key):
+        return False
+
+    def remove(self, key):
+        return False
+
+    def put_batch(self, items):
+        pass
+
+    def get_batch(self, keys):
+        return [None for _ in keys]
+
+    def exists_batch(self, keys):
+        return [False for _ in keys]
+
+    def remove_batch(self, keys):
+        return 0
+
+    def close(self):
+        pass
+
+
+def test_the_unauthenticated_warning_names_the_line_that_opened_the_store():
+    # stacklevel: the warning points at the caller's ChunkStore(...) line, not into windowkit. (Not in the
+    # store's mutation selection: under mutmut the trampoline around warn_unauthenticated adds a frame.)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        ChunkStore(model_fingerprint=FP, shared=_UnkeyedBackend())
+    got = [x for x in w if issubclass(x.category, UnauthenticatedStoreWarning)]
+    assert len(got) == 1 and got[0].filename == __file__ and got[0].lineno == line
 
 
 def test_from_env_reads_the_key_and_a_keyed_store_needs_no_change_elsewhere(mc, monkeypatch):

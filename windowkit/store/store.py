@@ -690,7 +690,7 @@ class ChunkStore:
         if got is not None:
             data, smeta = got
             try:
-                if self._layout is None and smeta.get("layout"):  # an empty store adopts the writer's layout
+                if smeta.get("layout"):  # an empty store adopts the writer's layout; another layout is refused
                     self._check_layout(layout_from_json(smeta["layout"]), "shared entry")
                 obj, payload = self._shared_decode(eid, data, smeta)
             except KVShapeError:  # a store of another layout: the value may be fine for others, keep it
