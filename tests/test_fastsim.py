@@ -61,7 +61,8 @@ def test_hand_trace_matches_hand_numbers():
 
 
 def test_hand_trace_default_lazy_balanced_by_hand():
-    """The defaults (form="lazy", fidelity="balanced" = repair "head+sink:5") on the hand trace.
+    """The defaults (form="lazy", fidelity="balanced" = repair "head+sink:5+query:96", whose query part the cost
+    model does not run) on the hand trace.
 
     s0: A and B are new: the edits (A's prefill 4 at the head, B's conditioned 2) tie with the prefix cache's
         plan (prefill A B: 6), and a tie goes to the prefix plan: one forward of 6 + vision 8; A's KV at 0 is

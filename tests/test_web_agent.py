@@ -193,7 +193,8 @@ def test_planner_answers_vs_exact_reprefill(run, run_default, model):
     """The planner's greedy answer against an exact re-prefill of the same window, per step. Measured
     2026-12-03 (tiny-qwen2.5-vl seed 0, these prompts): keep-as-is (the ``run`` fixture) answers like the exact
     window on steps 0-2 (admit-only) and not on the slide steps 3-4 ([23, 23] vs [23, 76]); the Window defaults
-    of the tree then (fidelity "balanced": survivor repair head+sink:5) answer like it on 5/5 steps, KL <= 8e-14.
+    of the tree then (fidelity "balanced": survivor repair head+sink:5, the query part a no-op on M-RoPE) answer
+    like it on 5/5 steps, KL <= 8e-14.
     Bounds: keep-as-is exact on the admit-only steps; defaults >= 4/5 answers and KL < KL_BOUND on every step."""
     agent, report, _ = run
     ref = exact_plans(model, agent, report)

@@ -149,7 +149,7 @@ class Window:
               need: reorder, blind view, clean fork, or ``prefetch()`` between steps) or "eager" (every
               conditioned forward also encodes the canonical once and stores a patch for that context)
     fidelity: "balanced" (default), "exact" or "fast": the repair rule used when ``repair`` is not given
-              (FIDELITY: exact -> "all", balanced -> "head+sink:5", fast -> "none"); or a next-token KL target
+              (FIDELITY: exact -> "all", balanced -> "head+sink:5+query:96", fast -> "none"); or a next-token KL target
               in nats (e.g. ``fidelity=1e-2``): the cheapest rule whose mean KL on the measured front
               (windowkit/window/repair_front.json, SmolLM2-135M) is within it
     repair:   survivor repair after an edit that changes survivors' antecedents: "none" | "sink:N" | "head" |
@@ -217,6 +217,8 @@ class Window:
         self.focus_budget = None if focus_budget is None else float(focus_budget)
         self._read_ids: list[str] = []  # the ids at the last read: a prefix cache re-prefills from the first change
         self._step_p0 = 0  # stats.prefill_tokens at the last read (or prefetch): what this step has spent
+        # focus_budget's running account over the steps read so far: a prefix cache's tokens and this window's
+        self._bank_pc = self._bank_spent = 0
         self.last_choice = None  # the last StepChoice of assign / reorder (windowkit.window.plan)
         self._repair_pending: Optional[int] = None  # assign batches its evictions' repairs into one
         self._repair_batching = False
@@ -530,8 +532,20 @@ class Window:
         self._mark_read()
         return kv
 
-    def _mark_read(self) -> None:
-        self._read_ids, self._step_p0 = self.ids, self.stats.prefill_tokens
+    def _mark_read(self, query_tokens: int = 0) -> None:
+        """The window was read (a step ends here). With a focus budget, book the step into the running account:
+        what a prefix cache spent on it (re-prefill from the first entry changed since the last read, + the query)
+        and what this window spent (prefill since the last read or prefetch, + the query)."""
+        ids = self.ids
+        if self.repair.query and self.focus_budget is not None and self._needs_past:
+            self._bank_pc += self._prefix_cache_step(ids) + query_tokens
+            self._bank_spent += self.stats.prefill_tokens - self._step_p0 + query_tokens
+        self._read_ids, self._step_p0 = ids, self.stats.prefill_tokens
+
+    def _prefix_cache_step(self, ids: list[str]) -> int:
+        """Window tokens a prefix cache holding the last read's window re-prefills to reach ``ids``."""
+        keep = common_prefix(self._read_ids, ids)
+        return sum(len(e.chunk) for e in list(self._entries)[keep:])
 
     def _assemble(self) -> Optional[ChunkKV]:
         self._settle()
@@ -563,7 +577,7 @@ class Window:
             logits = self.backend.forward([q], self.next_position, past).logits
         self.backend.forget(q)
         self.last_logits = logits
-        self._mark_read()
+        self._mark_read(len(q))
         return logits
 
     def generate(self, query_ids: Union[Sequence[int], torch.Tensor], max_new_tokens: int = 64,
@@ -580,7 +594,8 @@ class Window:
         fused = self._focus(step, None, answer=True)[1] if self.repair.query and max_new_tokens > 0 else None
         if fused is None:
             fused = self._settle(step) if max_new_tokens > 0 else None
-        past = self.window_kv()  # marks the read: decoding is not the next step's spending
+        past = self._assemble()
+        self._mark_read(len(step) if max_new_tokens > 0 else 0)  # decoding is not the next step's spending
         for k in range(int(max_new_tokens)):
             if k == 0 and fused is not None:  # the query already ran with the deferred work
                 logits, kv, span = fused[0], fused[1], len(step)
@@ -698,12 +713,12 @@ class Window:
     FOCUS_LOOKAHEAD = 1  # the probe also decodes one greedy token and reads its attention (query_attention)
 
     def _focus_allowance(self, q: int, probe: int) -> int:
-        """Tokens focus may recompute so that this step (edits since the last read + probe + recompute + the
-        query itself) stays within ``focus_budget`` x what a prefix cache spends on it (re-prefill from the
-        first entry changed since the last read, + the query)."""
-        keep = common_prefix(self._read_ids, self.ids)
-        pc = sum(len(e.chunk) for e in list(self._entries)[keep:]) + q
-        spent = self.stats.prefill_tokens - self._step_p0
+        """Tokens focus may recompute so that the window's prefill over every step read so far and this one
+        (edits since the last read + probe + recompute + the query itself) stays within ``focus_budget`` x what a
+        prefix cache spends on the same steps. A running account, not a per-step one: steps that cost a prefix
+        cache's price whatever the window does (the first fill, a change only at the tail) count against it."""
+        pc = self._bank_pc + self._prefix_cache_step(self.ids) + q
+        spent = self._bank_spent + self.stats.prefill_tokens - self._step_p0
         return int(self.focus_budget * pc) - spent - q - probe
 
     # ================================================================== forks and the disposability test
