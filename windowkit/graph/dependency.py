@@ -547,6 +547,12 @@ class DependencyGraph:
         if chunk_id not in self._tokens:
             self.add_chunk(chunk_id)
         deps = list(self._succ[chunk_id])
+        self._mark_evicted(chunk_id, deps)
+        return deps
+
+    def _mark_evicted(self, chunk_id: str, deps) -> None:
+        """The eviction's state change: each patch formed on the chunk misses one more antecedent (stale from the
+        first), and the chunk stops wearing a patch."""
         if chunk_id not in self._evicted:
             self._evicted.add(chunk_id)
             patches, stale = self._patches, self._stale
@@ -557,7 +563,6 @@ class DependencyGraph:
                     stale.add(ref)
         if chunk_id in self._current:
             self._wear(chunk_id, None)
-        return deps
 
     def evict_quietly(self, chunk_id: str) -> None:
         """``on_evict`` without its answer (the list of patches formed on the chunk): deferred links stay
@@ -568,16 +573,7 @@ class DependencyGraph:
             return
         for rec in self._later_of.get(chunk_id, ()):  # its deferred patches: linked, but not worn
             rec[7] = False
-        if chunk_id not in self._evicted:
-            self._evicted.add(chunk_id)
-            patches, stale = self._patches, self._stale
-            for ref in self._succ[chunk_id]:
-                rec = patches[ref]
-                rec.missing += 1
-                if rec.missing == 1:
-                    stale.add(ref)
-        if chunk_id in self._current:
-            self._wear(chunk_id, None)
+        self._mark_evicted(chunk_id, self._succ[chunk_id])
 
     def on_recall(self, chunk_id: str, window_ids: Sequence[str]) -> Cascade:
         """``chunk_id`` is back in the window, at its place in ``window_ids`` (the window after the recall). Its
