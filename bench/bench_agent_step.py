@@ -13,8 +13,9 @@ question closing the user turn and opening the assistant turn. A step evicts the
   prefix-cache  a real prefix cache: the previous step's KV (transformers DynamicCache) cropped to the longest
                 unchanged token prefix, the rest prefilled over it. After a head eviction that prefix is the
                 system prompt (+ the few header tokens the chunks share): nearly everything is prefilled again.
-  wk-balanced   ``Window(backend, prefix=system_ids)`` defaults (fidelity="balanced": repair "head+sink:5",
+  wk-balanced   ``Window(backend, prefix=system_ids)`` defaults (fidelity="balanced": repair "head+sink:5+query:96",
                 form="lazy"): ``win.evict("head"); win.admit(chunk); win.forward(question)``
+  wk-position   the same with repair="head+sink:5" (the default's position rule alone, no query focus)
   wk-fast       the same with fidelity="fast" (keep-as-is: survivors only relocate)
   wk-exact      the same with fidelity="exact" (repair "all": every survivor recomputed)
 
@@ -58,8 +59,9 @@ from windowkit.models.texts import PASSAGES, QUESTIONS  # noqa: E402
 
 SYSTEM = ("You are a careful, precise assistant. Answer the questions about the documents the user gives you below, "
           "using only the facts that those documents state.")  # 37 tokens in the chat template
-STRATEGIES = ["exact", "prefix-cache", "wk-balanced", "wk-fast", "wk-exact"]
-FIDELITY = {"wk-balanced": "balanced", "wk-fast": "fast", "wk-exact": "exact"}
+STRATEGIES = ["exact", "prefix-cache", "wk-balanced", "wk-position", "wk-fast", "wk-exact"]
+WINDOW_ARGS = {"wk-balanced": {"fidelity": "balanced"}, "wk-position": {"repair": "head+sink:5"},
+               "wk-fast": {"fidelity": "fast"}, "wk-exact": {"fidelity": "exact"}}
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -146,16 +148,16 @@ class PrefixCache:
 
 
 class WindowkitStep:
-    """``Window(backend, prefix=system)`` with one fidelity; a step is evict head + admit + forward(question)."""
+    """``Window(backend, prefix=system, **window_args)``; a step is evict head + admit + forward(question)."""
 
-    def __init__(self, backend, system: torch.Tensor, fidelity: str, tag: str):
-        self.backend, self.system, self.fidelity, self.tag = backend, system, fidelity, tag
+    def __init__(self, backend, system: torch.Tensor, window_args: dict, tag: str):
+        self.backend, self.system, self.window_args, self.tag = backend, system, dict(window_args), tag
         self.win = None
         self.n = 0
         self.last_tokens = 0
 
     def setup(self, chunks):
-        self.win = wk.Window(self.backend, prefix=self.system, fidelity=self.fidelity)
+        self.win = wk.Window(self.backend, prefix=self.system, **self.window_args)
         for c in chunks:
             self.admit(c)
 
@@ -195,7 +197,7 @@ def run(model, tok, k: int, size: int, warmup: int, steps: int, seed: int, strat
         elif name == "prefix-cache":
             strat[name] = PrefixCache(model, system)
         else:
-            strat[name] = WindowkitStep(backend, system, FIDELITY[name], name)
+            strat[name] = WindowkitStep(backend, system, WINDOW_ARGS[name], name)
     t0 = time.perf_counter()
     for name, s in strat.items():  # the initial window (not timed)
         if name == "prefix-cache":

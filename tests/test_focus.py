@@ -240,6 +240,18 @@ def test_a_query_rule_answers_from_the_repaired_window_and_the_probes_query_kv(b
                        past_key_values=cache, use_cache=True)
     assert torch.allclose(out.logits[0, -1].float(), logits, atol=1e-4)
     assert kl_divergence(out.logits[0, -1].float(), logits) <= 1e-6
+    # generate decodes on from there: transformers' greedy continuation over the same cache
+    want, pos = [int(out.logits[0, -1].argmax())], start + q
+    with torch.no_grad():
+        for _ in range(3):
+            nxt = be.model(input_ids=torch.tensor([[want[-1]]]), position_ids=torch.tensor([[pos]]),
+                           past_key_values=cache, use_cache=True)
+            want.append(int(nxt.logits[0, -1].argmax()))
+            pos += 1
+    again = window_of(be, chunks, repair="head+query:8")
+    again.evict("head")
+    assert again.generate(QUERY, max_new_tokens=4) == want
+    assert kl_divergence(again.last_logits, logits) <= 1e-9
 
 
 def test_focus_is_a_no_op_on_the_cost_model_and_on_mla():

@@ -381,7 +381,8 @@ class HFBackend:
         often a space or a template token, and it is the token after it that copies the fact. Forwards of the
         query (and each decoded token) over ``past`` with transformers' eager attention (the only one that returns
         the weights), switched back after the call. Text LLM families only (those with ``recompute``). With
-        ``return_kv=True`` returns ``(weights, query_kv)``: the query's KV from that forward (positions ``start``..).
+        ``return_kv=True`` returns ``(weights, kv)``: ``past`` followed by the query's KV from that forward, in the
+        tensors transformers built for it (no copy: the caller may write into them).
         """
         if not self.supports_recompute:
             raise UnsupportedModelError(f"query attention is read for text LLM families, not {self.model_type!r}")
@@ -409,10 +410,12 @@ class HFBackend:
                 r = rows if step == 0 else 1
                 # per layer [1, H, new, s_len + ...] -> the last r rows over the past, summed over heads
                 picked.append(torch.stack([a[0, :, -r:, :s_len].float().sum(0).sum(0) for a in out.attentions]))
-                if step == 0 and return_kv:
+                if step == 0 and return_kv:  # past + query: the cache's own tensors (a later update makes new ones)
                     c = getattr(out, "cache", None) or out.past_key_values
-                    query_kv = ChunkKV([(layer.keys[0, :, s_len:s_len + q], layer.values[0, :, s_len:s_len + q])
-                                        for layer in c.layers], self.layout, pos[None].cpu())
+                    full_pos = torch.arange(s_len + q)[None] if past.positions is None else torch.cat(
+                        [past.positions[:1], pos[None].cpu()], 1)
+                    query_kv = ChunkKV([(layer.keys[0], layer.values[0]) for layer in c.layers], self.layout,
+                                       full_pos)
                 if step < int(lookahead):
                     tok = out.logits[0, -1].argmax().reshape(1, 1)
                     embeds = self.model.get_input_embeddings()(tok.to(self.device))

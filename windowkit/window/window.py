@@ -594,7 +594,7 @@ class Window:
         fused = self._focus(step, None, answer=True)[1] if self.repair.query and max_new_tokens > 0 else None
         if fused is None:
             fused = self._settle(step) if max_new_tokens > 0 else None
-        past = self._assemble()
+        past = fused[2] if fused is not None and len(fused) > 2 else self._assemble()  # focus built it already
         self._mark_read(len(step) if max_new_tokens > 0 else 0)  # decoding is not the next step's spending
         for k in range(int(max_new_tokens)):
             if k == 0 and fused is not None:  # the query already ran with the deferred work
@@ -605,7 +605,10 @@ class Window:
             self.backend.forget(step)
             if k == 0:
                 self.last_logits = logits
-            past = kv if past is None else concat([past, kv])
+            if k == 0 and fused is not None and len(fused) > 3:
+                past = fused[3]  # the focus left the window and the query in one KV already
+            else:
+                past = kv if past is None else concat([past, kv])
             pos += span
             tok = int(logits.argmax())
             out.append(tok)
@@ -639,8 +642,8 @@ class Window:
 
     def _focus(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk], tokens: Optional[int],
                answer: bool) -> tuple[int, Optional[tuple[torch.Tensor, ChunkKV]]]:
-        """``focus``; with ``answer`` also ``(logits, query_kv)`` of the query over the repaired window (None when
-        nothing was recomputed: the caller runs the query as usual)."""
+        """``focus``; with ``answer`` also ``(logits, query_kv, window_kv, window_and_query_kv)``: the query over
+        the repaired window and that window (None when nothing was recomputed: the caller runs the query as usual)."""
         n = self.repair.query if tokens is None else int(tokens)
         if n < 0:
             raise WindowkitError(f"focus: tokens must be >= 0, got {tokens!r}")
@@ -673,7 +676,7 @@ class Window:
             return 0, None
         past = self._assemble()
         at = self.next_position
-        att, qkv = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
+        att, full = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
         top = att[pool].topk(n).indices.sort().values
         picked: dict[int, list[int]] = {}
         for j in top.tolist():
@@ -684,12 +687,14 @@ class Window:
         where = [starts[i] for i in order]
         offsets = [torch.tensor(picked[i]) for i in order]
         if answer:  # the query's last token rides along: its logits answer over the repaired window
-            out = self.backend.recompute(concat([past, qkv]), chunks + [q], where + [at],
-                                         offsets + [torch.tensor([len(q) - 1])], return_logits=True)
+            out = self.backend.recompute(full, chunks + [q], where + [at], offsets + [torch.tensor([len(q) - 1])],
+                                         return_logits=True)
             fresh, logits = out[0][:-1], out[1]
-            last = out[0][-1]
-            qkv = ChunkKV([(torch.cat([k[:, :-1], a], 1), torch.cat([v[:, :-1], b], 1))
-                           for (k, v), (a, b) in zip(qkv.layers, last.layers)], qkv.layout, qkv.positions)
+            # the window + query KV the answer decodes over: ``full`` with the fresh tokens written in (no copy)
+            cols = torch.cat([o + s for o, s in zip(offsets, where)] + [torch.tensor([at + len(q) - 1])])
+            for l, (k, v) in enumerate(full.layers):  # k, v: [H, window + query, D]
+                k[:, cols] = torch.cat([x.layers[l][0] for x in out[0]], 1)
+                v[:, cols] = torch.cat([x.layers[l][1] for x in out[0]], 1)
         else:
             fresh = self.backend.recompute(past, chunks, where, offsets)
         self.backend.forget(q)
@@ -707,7 +712,7 @@ class Window:
                 layers.append((x, y))
             e.kv = ChunkKV(layers, kv.layout, kv.positions)
             self._mark_fresh(e, tuple(ids[:i]), off)
-        return n, ((logits, qkv) if answer else None)
+        return n, ((logits, full.slice(at, at + len(q)), full.slice(0, at), full) if answer else None)
 
     FOCUS_MIN = 8  # fewer tokens than this are not worth a probe forward of the whole query
     FOCUS_LOOKAHEAD = 1  # the probe also decodes one greedy token and reads its attention (query_attention)
