@@ -651,9 +651,12 @@ class Window:
                 or not hasattr(self.backend, "query_attention")):
             return 0, None
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
-        self._settle()
         entries = list(self._entries)
         ids = [x.id for x in entries]
+        if not self._stale(entries, ids, 0, len(entries)):  # settling makes none stale: keep its forward fused
+            return 0, None
+        self._settle()
+        entries = list(self._entries)
         starts = self.starts()
         stale = self._stale(entries, ids, 0, len(entries))
         # candidate window positions: the stale survivors' tokens not yet recomputed on their current antecedents
