@@ -506,8 +506,8 @@ def test_lazy_and_eager_links_mixed():
     seen = _seen(lazy)
     assert seen == _seen(eager)
     R = PatchRef
-    assert [n for n, _ in seen["nodes"]] == ["a", "b", R("b", "b|a"), "c", R("c", "c|a|b"), "d", "e", R("e", "e|d"), "x",
-                                             "f", R("f", "f|e"), "g", R("g", "g|a"), "h", R("b", "b|c")]
+    assert [n for n, _ in seen["nodes"]] == ["a", "b", R("b", "b|a"), "c", R("c", "c|a|b"), "d", "e", R("e", "e|d"),
+                                             "x", "f", R("f", "f|e"), "g", R("g", "g|a"), "h", R("b", "b|c")]
     assert seen["current"]["b"] == R("b", "b|c") and len(fn.calls) == 3
     lazy.add_patch("h", LazyCtx(fn, "h", "a"), ["a"])
     lazy.add_chunk("i")
