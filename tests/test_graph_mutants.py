@@ -331,3 +331,186 @@ def test_error_messages_name_the_culprit():
     with pytest.raises(PatchNotFoundError, match=r"PatchRef\('b', None\) is not in the dependency graph"):
         g.is_stale("b")
     assert g.is_stale(PatchRef("b", "cb")) is False
+
+
+# ----------------------------------------------------------------------------------------------- lazy patch links
+# DependencyGraph.add_patch with a LazyCtx defers the patch node and its edges until the graph is next read; its
+# contract is that every read sees exactly the graph the eager calls would have built. Each test runs one
+# sequence of calls twice, eagerly (ctx a str, ``on_evict``) and lazily (ctx a LazyCtx, ``evict_quietly``),
+# and compares everything a reader can see, node and edge order included; the expected node orders are
+# written out by hand (call order).
+
+from windowkit.graph.dependency import LazyCtx  # noqa: E402
+
+
+def _seen(g: DependencyGraph):
+    """Everything a reader of the graph can observe."""
+    G = g.graph
+    refs = g.patches()
+    return {
+        "nodes": list(G.nodes(data=True)), "edges": list(G.edges(data=True)),
+        "in_edges": list(G.in_edges(data=True)), "succ": {n: list(G.succ[n]) for n in G},
+        "pred": {n: list(G.pred[n]) for n in G}, "patches": refs, "info": [g.patch_info(r) for r in refs],
+        "current": {c: g.current_patch(c) for c in g.chunks()}, "stale": sorted(g.stale_patches()),
+        "wearers": {c: sorted(g.current_dependents(c)) for c in g.chunks()},
+        "dependents": {c: g.dependents(c) for c in g.chunks()}, "of": {c: g.patches_of(c) for c in g.chunks()},
+        "chunks": g.chunks(), "tokens": {c: g.tokens(c) for c in g.chunks()}, "n": (len(g), g.num_patches),
+    }
+
+
+class _Calls:
+    """A context-hash function that counts its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return "|".join(args)
+
+
+def _both(script):
+    """Run ``script(g, ctx, evict)`` eagerly and lazily; return both graphs and the lazy run's hash function."""
+    eager, lazy, fn = DependencyGraph(), DependencyGraph(), _Calls()
+    script(eager, lambda *a: "|".join(a), eager.on_evict)
+    script(lazy, lambda *a: LazyCtx(fn, *a), lazy.evict_quietly)
+    return eager, lazy, fn
+
+
+def test_lazy_ctx_computes_once_and_says_so():
+    fn = _Calls()
+    lc = LazyCtx(fn, "a", "b")
+    assert repr(lc) == "LazyCtx(<not computed>)" and fn.calls == []
+    assert lc.value == "a|b" and lc.value == "a|b" and fn.calls == [("a", "b")]
+    assert repr(lc) == "LazyCtx('a|b')"
+    assert LazyCtx(lambda x: x * 2, 21).value == "42"  # the hash as a str
+
+
+def test_lazy_links_land_in_call_order():
+    def script(g, ctx, evict):
+        g.add_chunk("a", 10), g.add_chunk("b", 20), g.add_chunk("c", 30)
+        g.add_patch("c", ctx("c", "a", "b"), ["a", "b"], nbytes=100, tokens=5)
+        g.add_chunk("d", 7)
+        g.add_patch("d", ctx("d", "c", "a"), ["c", "a", "c"], kind="orbit", nbytes=50)  # tokens 0: the chunk's
+        g.add_chunk("e", 3)
+        g.add_chunk("d", 70)  # a new size after the call: d's patch keeps the 7 it was formed with
+
+    eager, lazy, fn = _both(script)
+    assert fn.calls == [] and lazy.chunks() == ["a", "b", "c", "d", "e"]  # nothing hashed or linked yet
+    assert lazy.tokens("c") == 5 and lazy.tokens("d") == 70  # a patch's tokens > 0 set its chunk's
+    seen = _seen(lazy)
+    assert len(fn.calls) == 2 and seen == _seen(eager)
+    rc, rd = PatchRef("c", "c|a|b"), PatchRef("d", "d|c|a")
+    assert [n for n, _ in seen["nodes"]] == ["a", "b", "c", rc, "d", rd, "e"]
+    assert seen["patches"] == [rc, rd] and seen["current"] == {"a": None, "b": None, "c": rc, "d": rd, "e": None}
+    assert [(i["nbytes"], i["tokens"], i["kind"]) for i in seen["info"]] == [(100, 5, "fresh"), (50, 7, "orbit")]
+    assert seen["info"][1]["antecedents"] == ("c", "a", "c")
+    assert all(d == {} for *_, d in seen["in_edges"]) and all(d == {} for *_, d in seen["edges"])
+    assert lazy.graph.pred[rd] == {"c": {}, "a": {}}
+    assert len(fn.calls) == 2  # hashed once each
+
+
+def test_one_node_after_a_lazy_link_is_reordered():
+    def script(g, ctx, evict):
+        g.add_chunk("a"), g.add_chunk("b", 4)
+        g.add_patch("b", ctx("b", "a"), ["a"], tokens=2)
+        g.add_chunk("c", 1)
+
+    eager, lazy, _ = _both(script)
+    seen = _seen(lazy)
+    assert [n for n, _ in seen["nodes"]] == ["a", "b", PatchRef("b", "b|a"), "c"] and seen == _seen(eager)
+
+
+def test_lazy_links_after_evictions_and_unwearing():
+    def script(g, ctx, evict):
+        for c in "abcd":
+            g.add_chunk(c, 8)
+        g.add_patch("c", ctx("c", "a", "b"), ["a", "b"])
+        g.add_patch("d", ctx("d", "a", "b", "c"), ["a", "b", "c"], nbytes=9)
+        g.add_patch("b", ctx("b", "a"), ["a"], current=False)
+        evict("b")  # b's patches are formed on a: c's and d's miss b; b wears nothing
+        evict("d")  # d's own deferred patch: linked, not worn
+        g.set_current("c", None)  # c's: linked, not worn
+        evict("z")  # an unknown chunk: registered, evicted
+        evict("b")  # idempotent
+
+    eager, lazy, _ = _both(script)
+    seen = _seen(lazy)
+    assert seen == _seen(eager)
+    rc, rd, rb = PatchRef("c", "c|a|b"), PatchRef("d", "d|a|b|c"), PatchRef("b", "b|a")
+    assert seen["patches"] == [rc, rd, rb] and seen["stale"] == [rc, rd]
+    assert all(v is None for v in seen["current"].values()) and seen["chunks"] == ["a", "b", "c", "d", "z"]
+    assert [n for n, _ in seen["nodes"]] == ["a", "b", "c", "d", rc, rd, rb, "z"]
+    assert lazy.is_stale(rc) and not lazy.is_stale(rb)
+    # a later link counts the antecedents evicted before it
+    lazy.add_patch("a", LazyCtx(lambda: "late"), ["b", "z", "c"])
+    assert lazy.is_stale("a", "late") and lazy.patch_info("a", "late")["current"]
+
+
+def test_evict_quietly_is_on_evict_without_the_answer():
+    eager, lazy = DependencyGraph(), DependencyGraph()
+    for g in (eager, lazy):
+        g.add_patch("b", "b|a", ["a"])
+        g.add_patch("c", "c|a", ["a"])
+    assert eager.on_evict("a") == [PatchRef("b", "b|a"), PatchRef("c", "c|a")]
+    assert lazy.evict_quietly("a") is None and _seen(lazy) == _seen(eager)
+    assert eager.on_evict("b") == [] and lazy.evict_quietly("b") is None and _seen(lazy) == _seen(eager)
+    with pytest.raises(WindowkitError) as e:
+        lazy.evict_quietly(5)
+    assert str(e.value) == "chunk ids are strings, got int 5"
+
+
+def test_a_lazy_ctx_on_an_unknown_antecedent_links_now():
+    g, fn = DependencyGraph(), _Calls()
+    g.add_chunk("a")
+    assert g.add_patch("c", LazyCtx(fn, "x"), ["a", "new"], tokens=3) == PatchRef("c", "x")
+    assert fn.calls == [("x",)] and g.chunks() == ["a", "c", "new"] and g.patches() == [PatchRef("c", "x")]
+    assert g.add_patch("d", LazyCtx(fn, "y"), ["a", "c"]) is None and fn.calls == [("x",)]
+    assert g.current_patch("d") == PatchRef("d", "y") and fn.calls == [("x",), ("y",)]
+    g.set_current("d", "y")  # a deferred patch worn by name: linked first
+    assert g.add_patch("e", LazyCtx(fn, "z"), ["d"]) is None
+    g.set_current("e", "z")
+    assert g.current_patch("e") == PatchRef("e", "z")
+
+
+def test_a_bad_antecedent_is_refused_before_anything_changes():
+    g = DependencyGraph()
+    g.add_chunk("a")
+    for ante, what in ((["a", 5], "int 5"), ([None], "NoneType None"), (["a", b"b"], "bytes b'b'")):
+        with pytest.raises(WindowkitError) as e:
+            g.add_patch("c", "x", ante)
+        assert str(e.value) == f"chunk ids are strings, got {what}"
+        with pytest.raises(WindowkitError):
+            g.add_patch("c", LazyCtx(lambda: "y"), ante)
+    assert g.chunks() == ["a"] and g.patches() == [] and list(g.graph.nodes) == ["a"]
+
+    class Id(str):
+        pass
+
+    assert g.add_patch("c", "x", [Id("a")]) == PatchRef("c", "x")  # a str subclass is a chunk id
+
+
+def test_lazy_and_eager_links_mixed():
+    def script(g, ctx, evict):
+        g.add_chunk("a", 1)
+        g.add_patch("b", "b|a", ["a"])  # eager in both graphs
+        g.add_patch("c", ctx("c", "a", "b"), ["a", "b"])
+        g.add_chunk("d", 2)
+        g.add_patch("e", "e|d", ["d", "x"])  # eager: links the deferred one first; x is new
+        g.add_patch("f", ctx("f", "e"), ["e"])
+        g.add_patch("g", "g|a", ["a"])
+        g.add_chunk("h", 3)
+        g.add_patch("b", ctx("b", "c"), ["c"])
+
+    eager, lazy, fn = _both(script)
+    seen = _seen(lazy)
+    assert seen == _seen(eager)
+    R = PatchRef
+    assert [n for n, _ in seen["nodes"]] == ["a", "b", R("b", "b|a"), "c", R("c", "c|a|b"), "d", "e", R("e", "e|d"),
+                                             "x", "f", R("f", "f|e"), "g", R("g", "g|a"), "h", R("b", "b|c")]
+    assert seen["current"]["b"] == R("b", "b|c") and len(fn.calls) == 3
+    lazy.add_patch("h", LazyCtx(fn, "h", "a"), ["a"])
+    lazy.add_chunk("i")
+    eager.add_patch("h", "h|a", ["a"])
+    eager.add_chunk("i")
+    assert _seen(lazy) == _seen(eager) and list(lazy.graph.nodes)[-2:] == [R("h", "h|a"), "i"]

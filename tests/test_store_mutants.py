@@ -1081,3 +1081,254 @@ def test_a_disk_store_is_used_from_other_threads(tmp_path):
     t.join()
     assert err == [] and s.keys() == ["k"]
     s.close()
+
+
+# ----------------------------------------------------------------------------------------------- cold.py survivors
+# ColdTierConfig's checks at their edges with their exact messages, min_rows_for by eq. (13) worked by hand,
+# _pos1d, and the decompress_kv alias (compress_kv / decompress_tensors are decorated, so mutmut leaves them).
+
+from windowkit.errors import KVShapeError  # noqa: E402
+from windowkit.kv.rope import RopeSpec  # noqa: E402
+from windowkit.store.cold import ColdTierConfig, _pos1d, compress_kv, decompress_kv, decompress_tensors  # noqa: E402
+
+
+def _refused(exc, msg, fn, *a, **kw):
+    with pytest.raises(exc) as e:
+        fn(*a, **kw)
+    assert str(e.value) == msg
+    return e.value
+
+
+def test_cold_config_edges_and_messages():
+    C = ColdTierConfig
+    assert C(rank=1).rank == 1  # the smallest rank is accepted
+    _refused(WindowkitError, "ColdTierConfig.rank must be an int >= 1, got 0", C, rank=0)
+    _refused(WindowkitError, "ColdTierConfig.rank must be an int >= 1, got '2'", C, rank="2")
+    for name in ("protected_rows", "recent_rows"):
+        assert getattr(C(rank=2, **{name: 0}), name) == 0 and getattr(C(rank=2, **{name: 1}), name) == 1
+        _refused(WindowkitError, f"ColdTierConfig.{name} must be an int >= 0, got -1", C, rank=2, **{name: -1})
+        _refused(WindowkitError, f"ColdTierConfig.{name} must be an int >= 0, got 1.5", C, rank=2, **{name: 1.5})
+    assert C(rank=2, min_rows=1).min_rows == 1 and C(rank=2, min_rows=5).min_rows == 5
+    for bad in (0, -3, 2.5, "4"):
+        _refused(WindowkitError, f"ColdTierConfig.min_rows must be None or an int >= 1, got {bad!r}", C, rank=2,
+                 min_rows=bad)
+    for dt in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        assert C(rank=2, factor_dtype=dt).factor_dtype == dt
+    _refused(WindowkitError, "ColdTierConfig.factor_dtype must be a float dtype, got torch.int8", C, rank=2,
+             factor_dtype=torch.int8)
+    msg = "ColdTierConfig.rope must be a 1-D RopeSpec (M-RoPE is not supported here)"
+    _refused(WindowkitError, msg, C, rank=2, rope="rope")
+    _refused(WindowkitError, msg, C, rank=2, rope=RopeSpec(torch.ones(4), mrope="blocked", mrope_section=(2, 1, 1)))
+    one_d = RopeSpec(torch.ones(4))
+    assert C(rank=2, rope=one_d).rope is one_d
+
+
+def test_cold_min_rows_for_by_hand():
+    # eq. (13): the first n with n(d - r) > r(d + 1); d = 16, r = 2: n * 14 > 34, so n = 3
+    assert ColdTierConfig(rank=2).min_rows_for(16) == 3
+    # d = 64, r = 8: n * 56 > 520, so n = 10
+    assert ColdTierConfig(rank=8).min_rows_for(64) == 10
+    assert ColdTierConfig(rank=2, min_rows=7).min_rows_for(16) == 7  # given: used as is
+    assert ColdTierConfig(rank=2, min_rows=1).min_rows_for(16) == 1
+    assert ColdTierConfig(rank=16, min_rows=7).min_rows_for(16) is None  # rank >= width: never
+    assert ColdTierConfig(rank=17).min_rows_for(16) is None
+
+
+def test_cold_pos1d():
+    assert torch.equal(_pos1d(None, 5), torch.tensor([0, 1, 2, 3, 4]))
+    assert torch.equal(_pos1d(torch.tensor([[3, 4, 5]]), 3), torch.tensor([3, 4, 5]))
+    _refused(KVShapeError, "pre-RoPE cold storage needs 1-D positions", _pos1d, torch.zeros(3, 4, dtype=torch.long), 4)
+
+
+def test_decompress_kv_is_decompress_tensors():
+    lay = KVLayout("gqa", 1, ((2, 8), (2, 8)), 0)
+    g = torch.Generator().manual_seed(7)
+    kv = ChunkKV([tuple(torch.randn(2, 40, 8, generator=g) for _ in range(2))], lay, torch.arange(40)[None])
+    tensors, facts = compress_kv(kv, ColdTierConfig(rank=2, protected_rows=2, recent_rows=3,
+                                                    factor_dtype=torch.float32))
+    assert facts["slots_cold"] == 2
+    a, b = decompress_kv(tensors, lay), decompress_tensors(tensors, lay)
+    assert a.layout == lay and torch.equal(a.positions, kv.positions) and _same(a, b)
+    assert torch.equal(a.layers[0][0][:, :2], kv.layers[0][0][:, :2])  # exact rows as stored
+
+
+# ----------------------------------------------------------------------------------------------- backend.py survivors
+# The shared-value envelope and the storage keys by the documented recipes (windowkit/store/backend.py's module
+# doc and docs/security.md), built here with struct / json / hashlib / hmac; every refusal with its exact message
+# and exception type; EmbeddedBackend's counters worked out from the envelopes' lengths.
+
+import re  # noqa: E402
+
+from windowkit.errors import StoreAuthError, StoreCorruptError  # noqa: E402
+from windowkit.store.backend import (MAGIC, MAGIC_AUTH, namespace_prefix, new_stats, pack, storage_key,  # noqa: E402
+                                     storage_prefix, unpack)
+
+_U32 = struct.Struct("<I")
+
+
+def _jd(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _envelope(value: bytes, meta: dict) -> bytes:
+    """MAGIC | u32 header length | {meta, sha256, size} | value, the sha256 over the meta JSON + value."""
+    sha = _hl.sha256(_jd(meta) + value).hexdigest()
+    header = b'{"meta":' + _jd(meta) + b',"sha256":"' + sha.encode() + b'","size":' + str(len(value)).encode() + b"}"
+    return b"WKSV1\n" + _U32.pack(len(header)) + header + value
+
+
+def _mac_of(ns: str, key: str, header: bytes, value: bytes) -> bytes:
+    ident = _U32.pack(len(ns.encode())) + ns.encode() + key.encode()
+    body = _U32.pack(len(ident)) + ident + _U32.pack(len(header)) + header + value
+    return hmac.new(_derive(b"mac"), body, _hl.sha256).digest()
+
+
+def _auth_envelope(value: bytes, meta, ns: str, key: str, header: bytes = None) -> bytes:
+    """MAGIC_AUTH | HMAC | u32 header length | {meta, size} | value (or a given header, MAC'd all the same)."""
+    if header is None:
+        header = b'{"meta":' + _jd(meta) + b',"size":' + str(len(value)).encode() + b"}"
+    return b"WKSA1\n" + _mac_of(ns, key, header, value) + _U32.pack(len(header)) + header + value
+
+
+def _addr(*parts: str) -> str:
+    body = b"".join(_U32.pack(len(p.encode())) + p.encode() for p in parts)
+    return hmac.new(_derive(b"addr"), body, _hl.sha256).hexdigest()[:32]
+
+
+def test_envelope_by_the_documented_format():
+    meta = {"tokens": 64, "b": [1, 2], "a": {"z": 1, "y": "x"}}  # unsorted keys: the JSON is sorted and compact
+    assert MAGIC == b"WKSV1\n" and MAGIC_AUTH == b"WKSA1\n"
+    assert pack(b"value", meta) == _envelope(b"value", meta)
+    assert pack(bytearray(b"value"), meta) == pack(memoryview(b"value"), meta) == _envelope(b"value", meta)
+    assert pack(b"value") == pack(b"value", {}) == _envelope(b"value", {})  # no meta: {}
+    assert unpack(_envelope(b"value", meta)) == (b"value", meta)
+    assert unpack(_envelope(b"", {})) == (b"", {})  # an empty value ends exactly at the header's end
+    a = EntryAuth(KEY)
+    assert pack(b"value", meta, auth=a, namespace="fp", key="c/k") == _auth_envelope(b"value", meta, "fp", "c/k")
+    assert pack(b"value", auth=a) == _auth_envelope(b"value", {}, "", "")  # no namespace, key "" by default
+    assert pack(b"v", auth=a, namespace="fp") == _auth_envelope(b"v", {}, "fp", "")
+    assert unpack(_auth_envelope(b"value", meta, "fp", "c/k"), auth=a, namespace="fp", key="c/k") == (b"value", meta)
+    assert unpack(_auth_envelope(b"v", {}, "fp", ""), auth=a, namespace="fp") == (b"v", {})
+    assert unpack(_auth_envelope(b"", {}, "", ""), auth=a) == (b"", {})
+    # the MAC binds the namespace and the key
+    for ns, key in (("fp", "c/x"), ("fq", "c/k"), ("", "c/k")):
+        _refused(StoreAuthError, "shared value HMAC mismatch (forged, replayed from another key, or written with "
+                 "another auth key)", unpack, _auth_envelope(b"value", meta, "fp", "c/k"), auth=a, namespace=ns or None,
+                 key=key)
+
+
+def test_pack_refusals():
+    _refused(WindowkitError, "a shared value is bytes, got str", pack, "text")
+    _refused(WindowkitError, "a shared value is bytes, got NoneType", pack, None)
+    with pytest.raises(WindowkitError) as e:
+        pack(b"x", {"a": object()})
+    assert str(e.value).startswith("shared value meta must be JSON-serialisable: ") and "object" in str(e.value)
+
+
+def test_unpack_refusals_unkeyed():
+    good = _envelope(b"abcd", {"k": 1})
+    C = StoreCorruptError
+    _refused(C, "shared value is not a windowkit envelope (5 bytes)", unpack, b"short")
+    _refused(C, "shared value is not a windowkit envelope (25 bytes)", unpack, b"NOTANENVELOPE-but-long-ok")
+    # exactly MAGIC + length: an envelope, with an empty (unreadable) header
+    with pytest.raises(C) as e:
+        unpack(MAGIC + _U32.pack(0))
+    assert type(e.value) is C and str(e.value).startswith("unreadable shared value header: ")
+    _refused(C, "shared value header runs past its end (truncated?)", unpack, MAGIC + _U32.pack(50) + b"{}")
+    _refused(C, "unreadable shared value header: 'size'", unpack, MAGIC + _U32.pack(2) + b"{}")
+    _refused(C, "shared value has 3 bytes, its header says 4 (partial?)", unpack, good[:-1])
+    _refused(C, "shared value sha256 mismatch", unpack, good[:-1] + b"D")
+    _refused(C, "shared value sha256 mismatch", unpack, good.replace(b'"k":1', b'"k":2'))
+    err = _refused(StoreAuthError, "shared value is authenticated with a key this client does not hold: pass the "
+                   "deployment's auth_key (or WINDOWKIT_AUTH_KEY / WINDOWKIT_AUTH_KEY_FILE)", unpack,
+                   _auth_envelope(b"abcd", {}, "", ""))
+    assert isinstance(err, StoreCorruptError)
+
+
+def test_unpack_refusals_keyed():
+    a, A = EntryAuth(KEY), StoreAuthError
+    _refused(A, "shared value is not authenticated (written without an auth key, or forged)", unpack,
+             _envelope(b"abcd", {}), auth=a)
+    _refused(A, "shared value is not a windowkit envelope (7 bytes)", unpack, b"garbage", auth=a)
+    _refused(A, "authenticated shared value truncated (16 bytes)", unpack, MAGIC_AUTH + b"0123456789", auth=a)
+    # 6 + 32 + 4 bytes is long enough to hold a MAC and a length: it gets to the MAC check
+    mismatch = "shared value HMAC mismatch (forged, replayed from another key, or written with another auth key)"
+    _refused(A, mismatch, unpack, MAGIC_AUTH + bytes(32) + _U32.pack(0), auth=a)
+    _refused(A, "authenticated shared value header runs past its end (truncated?)", unpack,
+             MAGIC_AUTH + bytes(32) + _U32.pack(100) + b"ab", auth=a)
+    good = _auth_envelope(b"abcd", {"k": 1}, "fp", "c/k")
+    _refused(A, mismatch, unpack, good[:-1] + b"D", auth=a, namespace="fp", key="c/k")
+    _refused(A, mismatch, unpack, good, auth=EntryAuth(b"another key, sixteen bytes+"), namespace="fp", key="c/k")
+    # authentic (the MAC checks) but not a well-formed envelope: a key holder's bug, a plain StoreCorruptError
+    for header in (b"not json", b'{"meta":{}}'):
+        with pytest.raises(StoreCorruptError) as e:
+            unpack(_auth_envelope(b"abcd", None, "fp", "c/k", header=header), auth=a, namespace="fp", key="c/k")
+        assert type(e.value) is StoreCorruptError and str(e.value).startswith("unreadable shared value header: ")
+    for header in (b'{"meta":{},"size":5}', b'{"meta":[1],"size":4}', b'{"meta":null,"size":4}'):
+        with pytest.raises(StoreCorruptError) as e:
+            unpack(_auth_envelope(b"abcd", None, "fp", "c/k", header=header), auth=a, namespace="fp", key="c/k")
+        assert type(e.value) is StoreCorruptError
+        assert str(e.value) == "authenticated shared value does not match its header"
+
+
+def test_storage_keys_by_the_documented_recipe():
+    h16 = lambda s: _hl.sha256(s.encode()).hexdigest()[:16]  # noqa: E731
+    assert namespace_prefix("fp") == f"wk/{h16('fp')}/" and namespace_prefix(None) == f"wk/{h16('')}/"
+    assert namespace_prefix("") == namespace_prefix(None)
+    assert storage_key("fp", "c/k") == f"wk/{h16('fp')}/c/k" and storage_key(None, "c/k") == f"wk/{h16('')}/c/k"
+    assert storage_prefix("fp") == f"wk/{h16('fp')}/" and storage_prefix(None) == f"wk/{h16('')}/"
+    a = EntryAuth(KEY)
+    assert storage_key("fp", "c/k", a) == f"wk/{_addr('ns', 'fp')[:16]}/{_addr('key', 'fp', 'c/k')}"
+    assert storage_key(None, "c/k", a) == f"wk/{_addr('ns', '')[:16]}/{_addr('key', '', 'c/k')}"
+    assert storage_prefix("fp", a) == f"wk/{_addr('ns', 'fp')[:16]}/"
+    assert storage_prefix(None, a) == f"wk/{_addr('ns', '')[:16]}/"
+    assert re.fullmatch(r"wk/[0-9a-f]{16}/[0-9a-f]{32}", storage_key("fp", "c/k", a))
+
+
+def test_embedded_backend_counters_by_hand():
+    assert new_stats() == {"puts": 0, "gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "forged": 0, "errors": 0,
+                           "bytes_written": 0, "bytes_read": 0}
+    b = EmbeddedBackend(namespace="fp")
+    assert b.stats == new_stats() and repr(b) == "EmbeddedBackend(entries=0)"
+    e1, e2 = _envelope(b"one", {"t": 1}), _envelope(b"second", {})
+    b.put("c/1", b"one", {"t": 1})
+    b.put_batch([("c/2", b"second", None), ("c/3", b"x", {"u": [2]})])
+    e3 = _envelope(b"x", {"u": [2]})
+    h16 = _hl.sha256(b"fp").hexdigest()[:16]
+    assert b.data == {f"wk/{h16}/c/1": e1, f"wk/{h16}/c/2": e2, f"wk/{h16}/c/3": e3}
+    assert b.stats["puts"] == 3 and b.stats["bytes_written"] == len(e1) + len(e2) + len(e3)
+    assert b.get("c/1") == (b"one", {"t": 1}) and b.get("c/9") is None and b.get("c/1") == (b"one", {"t": 1})
+    assert b.get_batch(["c/2", "c/8", "c/3"]) == [(b"second", {}), None, (b"x", {"u": [2]})]
+    assert b.exists_batch(["c/1", "c/8", "c/2"]) == [True, False, True] and b.exists("c/3")
+    b.data[f"wk/{h16}/c/3"] = e3[:-1] + b"y"  # a flipped byte: counted, removed, never served
+    assert b.get_batch(["c/3", "c/1"]) == [None, (b"one", {"t": 1})] and not b.exists("c/3")
+    want = {"puts": 3, "gets": 8, "hits": 5, "misses": 2, "corrupt": 1, "forged": 0, "errors": 0,
+            "bytes_written": len(e1) + len(e2) + len(e3), "bytes_read": 3 * len(e1) + len(e2) + len(e3)}
+    assert b.stats == want
+    b.data[f"wk/{h16}/c/2"] = b"junk"
+    _refused(StoreCorruptError, "shared value is not a windowkit envelope (4 bytes)", b.get, "c/2")
+    assert not b.exists("c/2") and b.stats["corrupt"] == 2 and b.stats["gets"] == 9
+    assert b.remove("c/1") is True and b.remove("c/1") is False and b.data == {}
+    b.put("c/4", b"4"), b.put("c/5", b"5")
+    assert b.remove_batch(["c/4", "c/6", "c/5"]) == 2 and b.remove_batch(["c/4"]) == 0 and b.data == {}
+    b.close()
+
+
+def test_a_keyed_embedded_backend_stores_under_hmac_addresses_and_counts_forgeries():
+    b = EmbeddedBackend(namespace="fp", auth_key=KEY)
+    assert b.auth is not None and b.auth.key_id == EntryAuth(KEY).key_id
+    b.put("c/k", b"value", {"t": 2})
+    where = f"wk/{_addr('ns', 'fp')[:16]}/{_addr('key', 'fp', 'c/k')}"
+    assert b.data == {where: _auth_envelope(b"value", {"t": 2}, "fp", "c/k")}
+    assert b.get("c/k") == (b"value", {"t": 2}) and b.exists("c/k") and b.exists_batch(["c/k", "c/j"]) == [True, False]
+    b.data[where] = _envelope(b"value", {"t": 2})  # an unauthenticated value under the address: forged
+    _refused(StoreAuthError, "shared value is not authenticated (written without an auth key, or forged)", b.get, "c/k")
+    assert not b.exists("c/k") and b.stats["forged"] == 1 and b.stats["corrupt"] == 0
+    b.put("c/k", b"value", {"t": 2})
+    b.data[where] = b.data[where][:-1] + b"X"
+    assert b.get_batch(["c/k"]) == [None] and b.stats["forged"] == 2 and b.stats["corrupt"] == 0
+    # without a namespace the MAC and the address use ""
+    n = EmbeddedBackend(auth_key=KEY)
+    n.put("c/k", b"v")
+    assert n.data == {f"wk/{_addr('ns', '')[:16]}/{_addr('key', '', 'c/k')}": _auth_envelope(b"v", {}, "", "c/k")}
+    assert n.remove_batch(["c/k"]) == 1
