@@ -38,27 +38,24 @@ def score(rows: list[dict], s: str) -> dict:
             "cost_vs_prefix_cache": sum(r[s]["tokens"] for r in rows) / sum(r[s]["prefix_cache_tokens"] for r in rows)}
 
 
-def _same(rows: list[dict], data: list[list[dict]], s: str, n: int) -> bool:
-    """Does an earlier file hold strategy ``s`` with the same answers and costs (a re-run of the same thing)?"""
-    key = [(r[s]["text"], r[s]["tokens"], round(r[s]["kl"], 9)) for r in rows]
-    return any(d[:n] is not rows and s in d[0] and key == [(r[s]["text"], r[s]["tokens"], round(r[s]["kl"], 9))
-                                                          for r in d[:n]] for d in data)
+def _answers(rows: list[dict], s: str) -> list[tuple]:
+    return [(r[s]["text"], r[s]["tokens"], round(r[s]["kl"], 9)) for r in rows]
 
 
 def compare(files: list[str], labels: list[str]) -> tuple[int, dict[str, dict]]:
     data = [stream_rows(f) for f in files]
     n = min(len(d) for d in data)
     out: dict[str, dict] = {}
-    seen: set[str] = set()
-    for rows, label in zip(data, labels):
+    for f, (rows, label) in enumerate(zip(data, labels)):
         for s in rows[0]:
-            if s in ("exact", "prefix-cache") or (s in seen and not label):
+            if s in ("exact", "prefix-cache"):
+                continue
+            # a strategy an earlier file already holds with the same answers and costs is a re-run: shown once
+            if any(s in d[0] and _answers(d[:n], s) == _answers(rows[:n], s) for d in data[:f]):
                 continue
             name = f"{s} ({label})" if label else s
-            if name in out or (s in seen and _same(rows[:n], data, s, n)):
-                continue
-            seen.add(s)
-            out[name] = score(rows[:n], s)
+            if name not in out:
+                out[name] = score(rows[:n], s)
     return n, out
 
 

@@ -536,8 +536,10 @@ class Window:
         """The window was read (a step ends here). With a focus budget, book the step into the running account:
         what a prefix cache spent on it (re-prefill from the first entry changed since the last read, + the query)
         and what this window spent (prefill since the last read or prefetch, + the query)."""
+        if not self._needs_past:  # a cost-model backend never focuses: keep the simulator's hot path free of this
+            return
         ids = self.ids
-        if self.repair.query and self.focus_budget is not None and self._needs_past:
+        if self.repair.query and self.focus_budget is not None:
             self._bank_pc += self._prefix_cache_step(ids) + query_tokens
             self._bank_spent += self.stats.prefill_tokens - self._step_p0 + query_tokens
         self._read_ids, self._step_p0 = ids, self.stats.prefill_tokens
@@ -591,10 +593,9 @@ class Window:
         step = Chunk.text(ids, id="__gen__")
         pos = self.next_position
         out: list[int] = []
-        fused = self._focus(step, None, answer=True)[1] if self.repair.query and max_new_tokens > 0 else None
-        if fused is None:
-            fused = self._settle(step) if max_new_tokens > 0 else None
-        past = fused[2] if fused is not None and len(fused) > 2 else self._assemble()  # focus built it already
+        focused = self._focus(step, None, answer=True)[1] if self.repair.query and max_new_tokens > 0 else None
+        fused = focused or (self._settle(step) if max_new_tokens > 0 else None)
+        past = None if focused else self._assemble()  # a focused answer carries the window + query KV itself
         self._mark_read(len(step) if max_new_tokens > 0 else 0)  # decoding is not the next step's spending
         for k in range(int(max_new_tokens)):
             if k == 0 and fused is not None:  # the query already ran with the deferred work
@@ -605,8 +606,8 @@ class Window:
             self.backend.forget(step)
             if k == 0:
                 self.last_logits = logits
-            if k == 0 and fused is not None and len(fused) > 3:
-                past = fused[3]  # the focus left the window and the query in one KV already
+            if k == 0 and focused:
+                past = focused[2]  # the window and the query, already one KV
             else:
                 past = kv if past is None else concat([past, kv])
             pos += span
@@ -642,8 +643,9 @@ class Window:
 
     def _focus(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk], tokens: Optional[int],
                answer: bool) -> tuple[int, Optional[tuple[torch.Tensor, ChunkKV]]]:
-        """``focus``; with ``answer`` also ``(logits, query_kv, window_kv, window_and_query_kv)``: the query over
-        the repaired window and that window (None when nothing was recomputed: the caller runs the query as usual)."""
+        """``focus``; with ``answer`` also ``(logits, query_kv, window_and_query_kv)``: the query over the repaired
+        window, and that window followed by the query (None when nothing was recomputed: the caller runs the query
+        as usual)."""
         n = self.repair.query if tokens is None else int(tokens)
         if n < 0:
             raise WindowkitError(f"focus: tokens must be >= 0, got {tokens!r}")
@@ -715,7 +717,7 @@ class Window:
                 layers.append((x, y))
             e.kv = ChunkKV(layers, kv.layout, kv.positions)
             self._mark_fresh(e, tuple(ids[:i]), off)
-        return n, ((logits, full.slice(at, at + len(q)), full.slice(0, at), full) if answer else None)
+        return n, ((logits, full.slice(at, at + len(q)), full) if answer else None)
 
     FOCUS_MIN = 8  # fewer tokens than this are not worth a probe forward of the whole query
     FOCUS_LOOKAHEAD = 1  # the probe also decodes one greedy token and reads its attention (query_attention)
