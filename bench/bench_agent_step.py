@@ -18,6 +18,7 @@ question closing the user turn and opening the assistant turn. A step evicts the
   wk-position   the same with repair="head+sink:5" (the default's position rule alone, no query focus)
   wk-fast       the same with fidelity="fast" (keep-as-is: survivors only relocate)
   wk-exact      the same with fidelity="exact" (repair "all": every survivor recomputed)
+  wk:RULE       the same with repair=RULE (any repair rule, e.g. wk:sink:5+query:96)
 
 The Window defers the eviction's survivor repair and the admission's conditioned prefill to the next read, so
 each windowkit step is ONE forward (repair tokens + the new chunk + the question, ``HFBackend.recompute``).
@@ -197,7 +198,8 @@ def run(model, tok, k: int, size: int, warmup: int, steps: int, seed: int, strat
         elif name == "prefix-cache":
             strat[name] = PrefixCache(model, system)
         else:
-            strat[name] = WindowkitStep(backend, system, WINDOW_ARGS[name], name)
+            args = WINDOW_ARGS[name] if name in WINDOW_ARGS else {"repair": name[len("wk:"):]}
+            strat[name] = WindowkitStep(backend, system, args, name)
     t0 = time.perf_counter()
     for name, s in strat.items():  # the initial window (not timed)
         if name == "prefix-cache":
@@ -363,7 +365,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-out", default=str(ROOT / "bench/results/agent_step_profile.txt"))
     args = ap.parse_args(argv)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    bad = [s for s in strategies if s not in STRATEGIES]
+    bad = [s for s in strategies if s not in STRATEGIES and not s.startswith("wk:")]
     if bad:
         ap.error(f"unknown strategies {bad}; choose from {STRATEGIES}")
     torch.set_num_threads(args.threads)

@@ -6,13 +6,11 @@ total time per strategy on the VideoTree trace and on each generated access patt
 
 Throughput uses a sliding window of 64 chunks (one long episode of ``sliding_window(k=64)``, generated once;
 shorter runs take its first steps). The analytic strategies (recompute, radix, blind, blend) are timed
-together; the windowkit strategy (a real Window on the cost-model backend) is timed on its first steps and
-profiled (where its time goes); ``WindowkitFast`` (``windowkit/trace/fastsim.py``, the same costs from
-bookkeeping only) is timed on the whole trace, checked equal to the real Window step by step on the steps the
-real one ran, and profiled. Wall times come from ``simulate``'s per-strategy clock; CPU seconds of the whole
-``simulate`` call (``time.process_time``) are reported beside them, since the machine may be shared. The table
-also runs the opt-in ``windowkit-lazy`` strategy (``Window(form="lazy")``) and, on the full VideoTree trace,
-where the real Window is too slow, ``windowkit-fast`` / ``windowkit-fast-lazy``.
+together; the windowkit strategy (the real Window on the cost-model backend: the one copy of the planner's
+rules) is profiled on its first steps (where its time goes), then timed unprofiled on the whole trace in both
+forms. Wall times come from ``simulate``'s per-strategy clock; CPU seconds of the whole ``simulate`` call
+(``time.process_time``) are reported beside them, since the machine may be shared. The table also runs the
+``windowkit-lazy`` and ``windowkit-eager`` strategies.
 """
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ from pathlib import Path
 import torch
 
 from windowkit.trace import load_videotree, simulate
-from windowkit.trace.fastsim import WindowkitFast
 from windowkit.trace.generators import append_zoom, grow_interleave, random_lookback, sliding_window
 from windowkit.trace.simulate import WindowkitStrategy
 
@@ -46,8 +43,8 @@ def _profile_top(prof: cProfile.Profile, n: int = 12) -> tuple[list, pstats.Stat
     return top, st
 
 
-def throughput(steps: int, wk_steps: int, fast_steps: int) -> dict:
-    n = max(steps, wk_steps, fast_steps)
+def throughput(steps: int, wk_steps: int, full_steps: int) -> dict:
+    n = max(steps, wk_steps, full_steps)
     t0 = time.perf_counter()
     trace = sliding_window(steps=n, k=64, shot_tokens=765, episode_len=(n, n), seed=0)
     out = {"window_chunks": 64, "trace": f"sliding_window(k=64, steps={n}, one episode); first N steps per run",
@@ -75,26 +72,16 @@ def throughput(steps: int, wk_steps: int, fast_steps: int) -> dict:
                         "steps_per_min_strategy_only": wk_steps / res.wall_s["windowkit"] * 60,
                         "top_tottime": top, "window_cumtime_s": cum}
 
-    # WindowkitFast: equal to the real Window on those steps (unprofiled run of both), then timed on all of them
-    both = simulate(trace, "h100-kamera", [WindowkitStrategy(), WindowkitFast()], progress=False, max_steps=wk_steps)
-    diff = [i for i, (a, b) in enumerate(zip(both.steps["windowkit"], both.steps["windowkit-fast"]))
-            if asdict(a) != asdict(b)]
-    fast = {"steps": fast_steps, "equal_to_windowkit_steps": wk_steps, "unequal_steps": diff[:10],
-            "windowkit_steps_per_min_unprofiled": wk_steps / both.wall_s["windowkit"] * 60}
-    for form in ("eager", "lazy"):
+    # unprofiled, on the whole trace, in both forms
+    full = {"steps": full_steps}
+    for form in ("lazy", "eager"):
         c0, t0 = time.process_time(), time.perf_counter()
-        res = simulate(trace, "h100-kamera", [WindowkitFast(form=form)], progress=False, max_steps=fast_steps)
+        res = simulate(trace, "h100-kamera", [WindowkitStrategy(form=form)], progress=False, max_steps=full_steps)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        fast[form] = {"steps_per_min_strategy_only": fast_steps / res.wall_s["windowkit-fast"] * 60,
-                      "steps_per_min_cpu": fast_steps / cpu * 60, "wall_s": wall, "cpu_s": cpu,
-                      "total_ms": res.totals("windowkit-fast")["total_ms"]}
-    prof = cProfile.Profile()
-    prof.enable()
-    simulate(trace, "h100-kamera", [WindowkitFast()], progress=False, max_steps=min(fast_steps, 5000))
-    prof.disable()
-    fast["profile_steps"] = min(fast_steps, 5000)
-    fast["top_tottime"] = _profile_top(prof, 10)[0]
-    out["windowkit_fast"] = fast
+        full[form] = {"steps_per_min_strategy_only": full_steps / res.wall_s["windowkit"] * 60,
+                      "steps_per_min_cpu": full_steps / cpu * 60, "wall_s": wall, "cpu_s": cpu,
+                      "total_ms": res.totals("windowkit")["total_ms"]}
+    out["windowkit_full"] = full
     return out
 
 
@@ -122,18 +109,15 @@ def main() -> None:
     q = args.quick
     out = {"python": platform.python_version(), "torch": torch.__version__, "threads": 1}
     out["throughput"] = throughput(2000 if q else 10000, 40 if q else 300, 2000 if q else 20000)
-    a, w, f = (out["throughput"][k] for k in ("analytic", "windowkit", "windowkit_fast"))
-    print(f"throughput, 64-chunk window: analytic {a['steps_per_min']:.0f} steps/min; windowkit "
-          f"{w['steps_per_min_strategy_only']:.0f} steps/min; windowkit-fast {f['eager']['steps_per_min_strategy_only']:.0f} "
-          f"steps/min wall ({f['eager']['steps_per_min_cpu']:.0f} per CPU-minute; lazy "
-          f"{f['lazy']['steps_per_min_strategy_only']:.0f}), equal to windowkit on {f['equal_to_windowkit_steps']} steps: "
-          f"{not f['unequal_steps']}", flush=True)
+    a, f = (out["throughput"][k] for k in ("analytic", "windowkit_full"))
+    print(f"throughput, 64-chunk window: analytic {a['steps_per_min']:.0f} steps/min; windowkit (the real Window) "
+          f"{f['lazy']['steps_per_min_strategy_only']:.0f} steps/min wall ({f['lazy']['steps_per_min_cpu']:.0f} per "
+          f"CPU-minute; form eager {f['eager']['steps_per_min_strategy_only']:.0f}) over {f['steps']} steps", flush=True)
     vt_n = 10 if q else 50
     all_s = ANALYTIC + ["windowkit", "windowkit-lazy"]
     traces = {
         f"videotree[:{vt_n}]": (load_videotree(max_questions=vt_n), all_s),
-        "videotree (all 500, analytic + fast)": (load_videotree(), ANALYTIC + [
-            WindowkitFast(), WindowkitFast(form="lazy", name="windowkit-fast-lazy")]),
+        "videotree (all 500)": (load_videotree(), ANALYTIC + ["windowkit", "windowkit-eager"]),
         "sliding-3": (sliding_window(steps=50 if q else 200, k=3, seed=0), all_s),
         "grow-interleave": (grow_interleave(episodes=20 if q else 100, seed=0), all_s),
         "append-zoom": (append_zoom(episodes=10 if q else 50, seed=0), all_s),

@@ -32,7 +32,7 @@ tests_for() {
     windowkit/kv/*) echo "tests/test_kv_operator.py tests/test_defaults.py tests/test_isvd.py tests/test_basis.py tests/test_kv_mutants.py" ;;
     windowkit/store/*) echo "tests/test_keys.py tests/test_store.py tests/test_cold_tier.py tests/test_store_mutants.py" ;;
     windowkit/graph/*) echo "tests/test_graph.py tests/test_graph_mutants.py" ;;
-    windowkit/window/plan.py) echo "tests/test_planner.py tests/test_fastsim.py tests/test_plan_mutants.py" ;;
+    windowkit/window/plan.py) echo "tests/test_planner.py tests/test_plan_mutants.py tests/test_simulate.py" ;;
     *) echo "tests" ;;
   esac
 }

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 IMG = ROOT / "docs" / "img"
 COLORS = {"recompute": "#7f7f7f", "radix": "#1f77b4", "blind": "#ff7f0e", "blend": "#d62728",
-          "windowkit": "#2ca02c", "windowkit-lazy": "#98df8a", "windowkit-fast": "#2ca02c",
-          "windowkit-fast-lazy": "#98df8a", "windowkit-refresh": "#17becf"}
+          "windowkit": "#2ca02c", "windowkit-lazy": "#98df8a", "windowkit-eager": "#98df8a",
+          "windowkit-refresh": "#17becf"}
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -73,7 +73,7 @@ def plot_simulate(out: Path, profile: str = "h100-kamera") -> Path:
         ys = []
         for _, v in rows:
             st = v["strategies"]
-            t = st.get(s) or st.get(s.replace("windowkit", "windowkit-fast"))
+            t = st.get(s)
             ys.append(t["total_ms"] / st["recompute"]["total_ms"] if t else float("nan"))
         ax.bar([i + (j - (len(shown) - 1) / 2) * width for i in range(len(rows))], ys, width,
                color=COLORS[s], label=s)

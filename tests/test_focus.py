@@ -13,6 +13,7 @@ import windowkit as wk
 from windowkit.backends.tiny import build
 from windowkit.errors import WindowkitError
 from windowkit.kv import kl_divergence
+from windowkit.kv.layout import ChunkKV
 from windowkit.window import RepairRule
 
 from model_helpers import reference_logits, text  # noqa: E402  (tests/model_helpers.py)
@@ -102,6 +103,36 @@ def test_query_attention_with_lookahead_equals_transformers_decoding(be):
     assert torch.allclose(got, want, atol=1e-5)
     with pytest.raises(wk.ChunkError):
         be.query_attention(past, wk.Chunk.text(QUERY), win.next_position, lookahead=-1)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["prefill", "masked"])
+def test_recompute_probe_reads_the_row_transformers_eager_reads(be, sparse):
+    """recompute(probe=True): the query rides behind recomputed tokens (a plain prefill of the last chunk, or a few
+    tokens of a middle chunk under the 4-D mask) and its last row's weights come back with the forward. Reference:
+    transformers' eager attention of the query over the window with those tokens' fresh KV spliced in (the query
+    reads each position once: stale where not chosen, fresh where chosen), and the logits of that same run."""
+    chunks = [text(be, 9, 80 + i) for i in range(3)]
+    win = window_of(be, chunks, repair="none")
+    win.evict("head")
+    past = win.window_kv()  # stale survivors: the weights must follow what the forward reads, not re-prefill
+    at, starts = win.next_position, win.starts()
+    i = 0 if sparse else 1
+    off = torch.tensor([0, 3, 4, 7]) if sparse else torch.arange(len(win.chunk(win.ids[i])))
+    chunk = win.chunk(win.ids[i])
+    outs, logits, w = be.recompute(past, [chunk, wk.Chunk.text(QUERY)], [starts[i], at],
+                                   [off, torch.arange(len(QUERY))], return_logits=True, probe=True)
+    assert w.shape == (at + len(QUERY),)
+    layers = []
+    for (k, v), (a, b) in zip(past.layers, outs[0].layers):
+        k, v = k.clone(), v.clone()
+        k[:, starts[i] + off], v[:, starts[i] + off] = a, b
+        layers.append((k, v))
+    spliced = ChunkKV(layers, past.layout, past.positions)
+    want = eager_attention(be, spliced, QUERY, at)
+    assert torch.allclose(w, want, atol=1e-5)  # the window and the query's own tokens
+    assert torch.allclose(logits, _eager_logits(be, spliced, QUERY, at).float(), atol=1e-4)
+    with pytest.raises(wk.ChunkError, match="return_logits"):
+        be.recompute(past, [wk.Chunk.text(QUERY)], [at], [torch.arange(len(QUERY))], probe=True)
 
 
 def test_query_attention_rejects_an_empty_past(be):
@@ -222,6 +253,7 @@ def test_a_query_rule_answers_from_the_repaired_window_and_the_probes_query_kv(b
     win.evict("head")
     twin = window_of(be, chunks, repair="head")  # the same window up to the focus
     twin.evict("head")
+    twin.forward(QUERY)  # the head's repair runs with the query riding along, as in ``win`` (the same bits)
     stale = twin.window_kv()
     logits = win.forward(QUERY)
     after = win.window_kv()

@@ -245,23 +245,51 @@ def test_bounded_store_bytes_held_counts_only_what_the_store_holds():
     assert last == (held_canon + wk.win.num_tokens) * p.kv_bytes_per_token + held_patch * p.patch_bytes_per_token
 
 
-def test_simulate_store_options_reach_windowkit_fast_and_bad_combinations_are_refused():
-    """simulate(store_budget_bytes=...) bounds windowkit-fast too (it then equals the real Window step by step);
-    options it cannot model, and a store policy without a budget, are errors rather than silently ignored."""
+def test_simulate_store_options_reach_the_window_and_bad_combinations_are_refused():
+    """simulate(store_budget_bytes=...) bounds the windowkit strategies built from names; a store policy
+    without a budget is an error rather than silently ignored."""
     from windowkit.errors import WindowkitError
     from windowkit.trace.generators import random_lookback
 
     trace = random_lookback(steps=30, seed=2)
-    res = simulate(trace, "h100-kamera", ["windowkit", "windowkit-fast"], progress=False, store_budget_bytes=40_000)
-    assert res.per_step("windowkit") == res.per_step("windowkit-fast")
     # form="eager" fills the store (the default lazy form stores little here): there the budget bites
-    res = simulate(trace, "h100-kamera", ["windowkit-eager", "windowkit-fast-eager"], progress=False,
-                   store_budget_bytes=40_000)
-    unbounded = simulate(trace, "h100-kamera", ["windowkit-fast-eager"], progress=False)
-    assert res.per_step("windowkit-eager") == res.per_step("windowkit-fast-eager")
-    assert res.totals("windowkit-fast-eager")["encodes"] > unbounded.totals("windowkit-fast-eager")["encodes"]
-    with pytest.raises(WindowkitError, match="LRU store"):
-        simulate(trace, "h100-kamera", ["windowkit-fast"], progress=False, store_budget_bytes=40_000,
-                 store_policy="belady")
+    res = simulate(trace, "h100-kamera", ["windowkit-eager"], progress=False, store_budget_bytes=40_000)
+    unbounded = simulate(trace, "h100-kamera", ["windowkit-eager"], progress=False)
+    assert res.meta["windowkit-eager_store"]["budget_bytes"] == 40_000
+    assert res.meta["windowkit-eager_store"]["evictions"] > 0
+    assert res.totals("windowkit-eager")["encodes"] > unbounded.totals("windowkit-eager")["encodes"]
     with pytest.raises(WindowkitError, match="needs a store budget"):
         simulate(trace, "h100-kamera", ["windowkit"], progress=False, store_policy="lfu")
+
+
+def test_zero_budget_store_reencodes_by_hand():
+    """budget_bytes=0: every put is refused, so each canonical need is a fresh encode (form="eager", keep-as-is).
+
+    s0: A at the head: encode (prefill 4, vision 8); B behind A: conditioned forward 2 + canonical encode 2
+        (encode_ms 2) + SVD 2*0.125; query 1 -> 17.25, as unbounded.
+    s1: evict A: B becomes the head and its canonical is placed at 0, but it was never stored: encode again
+        (prefill 2, encode_ms 2) + replay 2*0.5; C: conditioned 4 + vision 8 + canonical 4 (encode_ms 4) +
+        SVD 0.5; query 1 -> 20.5.
+    s2: A recalled at the head: its canonical was refused, so encode (4, encode_ms 4); no patch for B on (A,)
+        was kept: B and C keep their KV (risk 2) and relocate 0->4, 2->6 (replay 6*0.5) -> 7.
+    bytes_held counts no stored canonical or patch, only the live window: 6, 6, 10 tokens x 100.
+    """
+    from windowkit.trace.simulate import WindowkitStrategy
+
+    s = WindowkitStrategy(store_budget_bytes=0, form="eager", repair="none")
+    c = simulate(T, P, [s], progress=False).steps[s.name]
+    assert [x.total_ms for x in c] == [17.25, 20.5, 7]
+    assert [x.encode_ms for x in c] == [2, 6, 4]
+    assert [x.encodes for x in c] == [2, 2, 1] and [x.binding_risk for x in c] == [0, 0, 2]
+    assert [x.bytes_held for x in c] == [600, 600, 1000]
+
+
+@pytest.mark.parametrize("kw", [dict(mode="fuzzy"), dict(form="later"), dict(rank=0), dict(store_budget_bytes=-1),
+                                dict(repair="sink:0"), dict(repair="tail:3"), dict(fidelity="perfect")],
+                         ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_bad_strategy_knobs_raise_windowkit_errors(kw):
+    from windowkit.errors import WindowkitError
+    from windowkit.trace.simulate import WindowkitStrategy
+
+    with pytest.raises(WindowkitError):
+        simulate(T, P, [WindowkitStrategy(**kw)], progress=False)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
 from windowkit.backends.base import BackendStats, ForwardResult
+from windowkit.backends.probe_attention import capture_rows
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, KVShapeError, UnsupportedModelError
 from windowkit.kv.layout import ChunkKV, KVLayout
@@ -284,7 +286,7 @@ class HFBackend:
         return self.model_type in RECOMPUTE_FAMILIES
 
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
-                  offsets: Sequence[torch.Tensor], *, return_logits: bool = False):
+                  offsets: Sequence[torch.Tensor], *, return_logits: bool = False, probe: bool = False):
         """CacheBlend-style selective recompute: ONE forward over the chosen tokens at their own positions.
 
         past:    the window KV from position 0 (prefix + chunks, storage index == position) covering at
@@ -302,7 +304,10 @@ class HFBackend:
         end (positions ``past.num_tokens``, +1, ... without a gap: a new chunk admitted at the tail, a query), so
         a repair, the next admission and a query can run as ONE forward. Returns, per chunk, the fresh KV of its
         chosen tokens (``ChunkKV`` with their positions); with ``return_logits=True`` ``(kvs, logits)``, the
-        next-token logits [vocab] of the last chosen token.
+        next-token logits [vocab] of the last chosen token. ``probe=True`` (with ``return_logits``) also reads where
+        that last token attends, as ``query_attention`` does: ``(kvs, logits, weights)``, weights [positions up to
+        the last chosen one] summed over heads, averaged over layers (stale entries it reads at their positions,
+        fresh chosen tokens at theirs, masked ones 0).
         """
         if not self.supports_recompute:
             raise UnsupportedModelError(f"selective recompute is not exact for {self.model_type!r} "
@@ -325,7 +330,10 @@ class HFBackend:
         sel = torch.cat(pos)  # [q] positions of the chosen tokens, increasing in window order
         if bool((sel[1:] <= sel[:-1]).any()):
             raise ChunkError("recompute: chosen positions must increase in window order")
+        if probe and not return_logits:
+            raise ChunkError("recompute: probe=True reads the last chosen token's row: pass return_logits=True")
         s_len = 0 if past is None else past.num_tokens
+        span = max(s_len, int(sel.max()) + 1)  # positions the probe's weights cover
         beyond = sel[sel >= s_len]  # an append at the end of past: s_len, s_len + 1, ... with no gap
         if beyond.numel() and not torch.equal(beyond, torch.arange(s_len, s_len + beyond.numel())):
             raise ChunkError(f"recompute: past covers {s_len} positions; chosen tokens beyond it must continue it "
@@ -354,7 +362,7 @@ class HFBackend:
         kw = {self.adapter.cache_kw: cache, "use_cache": True}
         if self.adapter.has_logits_to_keep:
             kw["logits_to_keep"] = 1
-        with torch.no_grad():
+        with capture_rows(self.model, 1) if probe else nullcontext() as rows, torch.no_grad():
             out = self.model(inputs_embeds=torch.cat(embs, 0)[None], position_ids=sel[None].to(self.device),
                              attention_mask=mask, **kw)
         cache = getattr(out, "cache", None) or out.past_key_values
@@ -365,6 +373,12 @@ class HFBackend:
         for n in counts:
             outs.append(ChunkKV([(a[:, o:o + n], b[:, o:o + n]) for a, b in layers], self.layout, sel[None, o:o + n]))
             o += n
+        if probe:  # the last chosen token's row over [past[:cut] | chosen tokens] -> window positions
+            row = torch.stack([a[-1] for a in rows]).mean(0).cpu()  # [cut + q]
+            weights = torch.zeros(span)
+            weights[:cut] = row[:cut]
+            weights[sel] = row[cut:]
+            return outs, out.logits[0, -1].float(), weights
         if return_logits:
             return outs, out.logits[0, -1].float()
         return outs
@@ -379,8 +393,8 @@ class HFBackend:
 
         ``lookahead=1`` reads where the first answer token looks: a chat model's first token after the question is
         often a space or a template token, and it is the token after it that copies the fact. Forwards of the
-        query (and each decoded token) over ``past`` with transformers' eager attention (the only one that returns
-        the weights), switched back after the call. Text LLM families only (those with ``recompute``). With
+        query (and each decoded token) over ``past`` with SDPA, the rows' weights recomputed from the same query and
+        keys (``probe_attention.capture_rows``; equal to transformers' eager ``output_attentions``). Text LLM families only (those with ``recompute``). With
         ``return_kv=True`` returns ``(weights, kv)``: ``past`` followed by the query's KV from that forward, in the
         tensors transformers built for it (no copy: the caller may write into them).
         """
@@ -399,17 +413,16 @@ class HFBackend:
         embeds, pos = self.embeds(query).embeds[None], torch.arange(int(start), int(start) + q, device=self.device)
         picked: list[torch.Tensor] = []  # per forward: [L, s_len] of its rows
         query_kv = None
-        impl = self.model.config._attn_implementation
-        self.model.set_attn_implementation("eager")
-        try:
+        with capture_rows(self.model, rows) as got:  # SDPA, plus the softmax of the last rows (probe_attention.py)
             for step in range(1 + int(lookahead)):
+                got.clear()
                 with torch.no_grad():
-                    out = self.model(inputs_embeds=embeds, position_ids=pos[None], output_attentions=True, **kw)
+                    out = self.model(inputs_embeds=embeds, position_ids=pos[None], **kw)
                 self.stats.forwards += 1
                 self.stats.forward_tokens += int(pos.numel())
                 r = rows if step == 0 else 1
-                # per layer [1, H, new, s_len + ...] -> the last r rows over the past, summed over heads
-                picked.append(torch.stack([a[0, :, -r:, :s_len].float().sum(0).sum(0) for a in out.attentions]))
+                # per layer [rows, s_len + ...] -> the last r rows over the past, summed over rows
+                picked.append(torch.stack([a[-r:, :s_len].sum(0) for a in got]))
                 if step == 0 and return_kv:  # past + query: the cache's own tensors (a later update makes new ones)
                     c = getattr(out, "cache", None) or out.past_key_values
                     full_pos = torch.arange(s_len + q)[None] if past.positions is None else torch.cat(
@@ -420,8 +433,6 @@ class HFBackend:
                     tok = out.logits[0, -1].argmax().reshape(1, 1)
                     embeds = self.model.get_input_embeddings()(tok.to(self.device))
                     pos = pos[-1:] + 1
-        finally:
-            self.model.set_attn_implementation(impl)
         weights = (torch.stack(picked).sum(0).mean(0) / (rows + int(lookahead))).cpu()
         return (weights, query_kv) if return_kv else weights
 

@@ -428,12 +428,6 @@ class WindowkitStrategy(Strategy):
         return c
 
 
-def _windowkit_fast(**kw: Any) -> Strategy:
-    from windowkit.trace.fastsim import WindowkitFast  # fastsim imports this module: import on use
-
-    return WindowkitFast(**kw)
-
-
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "recompute": FullRecompute, "radix": RadixCache, "blind": BlindReuse, "blend": TokenBlend,
     # the Window's defaults: form="lazy" (deferred forming), fidelity="balanced" (survivor repair rule)
@@ -445,10 +439,6 @@ STRATEGIES: dict[str, Callable[[], Strategy]] = {
     # opt-in: deferred forming without survivor repair (fidelity="fast") / with full repair (fidelity="exact")
     "windowkit-fast-fidelity": lambda: WindowkitStrategy(fidelity="fast", name="windowkit-fast-fidelity"),
     "windowkit-exact-fidelity": lambda: WindowkitStrategy(fidelity="exact", name="windowkit-exact-fidelity"),
-    # opt-in: the same StepCosts as "windowkit" step by step, from bookkeeping only (windowkit/trace/fastsim.py)
-    "windowkit-fast": _windowkit_fast,
-    "windowkit-fast-lazy": lambda: _windowkit_fast(form="lazy", name="windowkit-fast-lazy"),
-    "windowkit-fast-eager": lambda: _windowkit_fast(form="eager", repair="none", name="windowkit-fast-eager"),
     # the lower bound: each chunk prefilled once at its first appearance + the queries (windowkit/trace/floor.py)
     "floor": _floor,
 }
@@ -644,9 +634,6 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
                 s.store_policy = store_policy
             if refresh is not None:
                 s.refresh = refresh
-        elif store_policy not in (None, "lru") or refresh is not None:  # windowkit-fast: an LRU store, no refresh
-            raise WindowkitError(f"{s.name} models only an LRU store and no refresh policy: use the 'windowkit' "
-                                 f"strategy for store_policy={store_policy!r} / refresh={refresh!r}")
         _check_store_options(s)
     steps = list(trace)[:max_steps] if max_steps is not None else list(trace)
     orders, pol = resolve_placement(steps, placement, prof)

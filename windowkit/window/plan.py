@@ -1,8 +1,8 @@
 """The Window's tensor-free rules: survivor repair, the fewest-edits matching of ``assign``, and the step cap.
 
-Nothing here touches a tensor, a model or a store: the Window and the simulator's bookkeeping model
-(``windowkit.trace.fastsim``) call these same functions with their own view of the window (ids, token counts,
-the antecedents each entry's KV was formed on, what the store holds), so the rules exist once.
+Nothing here touches a tensor, a model or a store: the Window calls these functions with a view of itself
+(ids, token counts, the antecedents each entry's KV was formed on, what the store holds). The simulator runs
+that same Window on the cost-model backend, so the rules exist once.
 
 The step cap: a prefix cache (SGLang's radix tree, vLLM's APC) holding the previous window serves the longest
 unchanged prefix and prefills the rest, exactly. ``choose_step`` models what the Window's edits would prefill

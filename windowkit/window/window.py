@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections import deque
+from collections import ChainMap, deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
@@ -595,7 +595,8 @@ class Window:
         out: list[int] = []
         focused = self._focus(step, None, answer=True)[1] if self.repair.query and max_new_tokens > 0 else None
         fused = focused or (self._settle(step) if max_new_tokens > 0 else None)
-        past = None if focused else self._assemble()  # a focused answer carries the window + query KV itself
+        whole = focused[2] if focused else None  # a focused answer carries the window + query KV itself
+        past = None if whole is not None else self._assemble()
         self._mark_read(len(step) if max_new_tokens > 0 else 0)  # decoding is not the next step's spending
         for k in range(int(max_new_tokens)):
             if k == 0 and fused is not None:  # the query already ran with the deferred work
@@ -606,8 +607,8 @@ class Window:
             self.backend.forget(step)
             if k == 0:
                 self.last_logits = logits
-            if k == 0 and focused:
-                past = focused[2]  # the window and the query, already one KV
+            if k == 0 and whole is not None:
+                past = whole  # the window and the query, already one KV
             else:
                 past = kv if past is None else concat([past, kv])
             pos += span
@@ -642,10 +643,11 @@ class Window:
         return self._focus(query_ids, tokens, answer=False)[0]
 
     def _focus(self, query_ids: Union[Sequence[int], torch.Tensor, Chunk], tokens: Optional[int],
-               answer: bool) -> tuple[int, Optional[tuple[torch.Tensor, ChunkKV]]]:
+               answer: bool) -> tuple[int, Optional[tuple]]:
         """``focus``; with ``answer`` also ``(logits, query_kv, window_and_query_kv)``: the query over the repaired
-        window, and that window followed by the query (None when nothing was recomputed: the caller runs the query
-        as usual)."""
+        window, and that window followed by the query. When the query rode in the settling forward but nothing was
+        worth recomputing: ``(logits, query_kv, None)`` from that forward. None when the query has not run: the
+        caller runs it as usual."""
         n = self.repair.query if tokens is None else int(tokens)
         if n < 0:
             raise WindowkitError(f"focus: tokens must be >= 0, got {tokens!r}")
@@ -657,7 +659,10 @@ class Window:
         ids = [x.id for x in entries]
         if not self._stale(entries, ids, 0, len(entries)):  # settling makes none stale: keep its forward fused
             return 0, None
-        self._settle()
+        look = self.FOCUS_LOOKAHEAD
+        # answering with deferred work pending, the query rides in the settling forward and that forward is the
+        # probe (its last row's weights come back with it); else the probe is a forward of the query of its own
+        ridden = self._settle(q, probe=True) if answer else self._settle()
         entries = list(self._entries)
         starts = self.starts()
         stale = self._stale(entries, ids, 0, len(entries))
@@ -672,16 +677,23 @@ class Window:
             cand.append(off + starts[i])
             owner += [i] * off.numel()
         pool = torch.cat(cand) if cand else torch.zeros(0, dtype=torch.long)
-        look = self.FOCUS_LOOKAHEAD
         probe = look + 1 if answer else len(q) + look  # answering, the query's own run is not extra
         n = min(n, pool.numel() - probe)  # probe + recompute <= the stale tokens a prefix cache re-prefills
         if self.focus_budget is not None:
             n = min(n, self._focus_allowance(len(q), probe))
         if n < (1 if tokens is not None else self.FOCUS_MIN):  # the rule's own focus skips a probe worth too little
-            return 0, None
+            return 0, ((ridden[0], ridden[1], None) if ridden is not None else None)
         past = self._assemble()
         at = self.next_position
-        att, full = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
+        if ridden is not None:  # the query's row came with it; the lookahead token's row is one more token's forward
+            full = concat([past, ridden[1]])
+            nxt = Chunk.text(ridden[0].argmax().reshape(1), id="__look__")
+            att = ridden[2][:past.num_tokens]
+            if look:
+                att = (att + self.backend.query_attention(full, nxt, at + len(q))[:past.num_tokens]) / 2
+                self.backend.forget(nxt)
+        else:
+            att, full = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
         top = att[pool].topk(n).indices.sort().values
         picked: dict[int, list[int]] = {}
         for j in top.tolist():
@@ -703,7 +715,7 @@ class Window:
         else:
             fresh = self.backend.recompute(past, chunks, where, offsets)
         self.backend.forget(q)
-        self.stats.forwards += 2 + look
+        self.stats.forwards += 1 + look + (ridden is None)
         self.stats.prefill_tokens += n + probe
         self.stats.probe_tokens += probe
         self.stats.repaired_tokens += n
@@ -1010,13 +1022,15 @@ class Window:
 
     def _view(self, wanted: Sequence[Chunk]) -> WindowView:
         """The window as the tensor-free rules read it (windowkit.window.plan): ids, sizes, what the store holds."""
-        keys = dict(self._keys)
+        known = self._keys
+        new: dict[str, str] = {}  # keys of chunks not seen before (no copy of every key ever seen: O(step), not O(history))
         tokens = {e.id: e.n for e in self._entries}
         fp = self.backend.fingerprint()
         for c in wanted:
             tokens.setdefault(c.id, len(c))
-            if c.id not in keys:
-                keys[c.id] = chunk_key(c.content_hash(), fp)
+            if c.id not in known and c.id not in new:
+                new[c.id] = chunk_key(c.content_hash(), fp)
+        keys = ChainMap(new, known) if new else known
         pk, store, use, lazy = self._prefix_key, self.store, self._use_patches, self._keeps_conditioned
         memo: dict[tuple, str] = {(): context_root(pk)}
 
@@ -1395,13 +1409,15 @@ class Window:
             return False
         return not self.store.has_canonical(conditioned_key(e.key, ctx))
 
-    def _settle(self, query: Optional[Chunk] = None) -> Optional[tuple[torch.Tensor, ChunkKV]]:
+    def _settle(self, query: Optional[Chunk] = None, probe: bool = False) -> Optional[tuple]:
         """Run the deferred work now as ONE ``backend.recompute``: the pending repair's chosen survivor tokens (at
         their positions, over the stale KV of the rest), every pending tail admission wholly (a plain continuation
         of the window) and ``query`` behind them. The same tokens, attending to the same KV, as the repair forward,
         then each admission's prefill, then the query's forward would: one forward instead of three.
 
-        Returns ``(logits, query_kv)`` when ``query`` rode along, else None (also when nothing was deferred).
+        Returns ``(logits, query_kv)`` when ``query`` rode along, else None (also when nothing was deferred); with
+        ``probe`` (a query, a backend with selective recompute) ``(logits, query_kv, weights)``: where the query's
+        last token attends in that same forward (``backend.recompute(probe=True)``), the focus's probe for free.
         """
         first, tail = self._deferred_repair, self._deferred_tail
         if first is None and not tail:
@@ -1428,9 +1444,10 @@ class Window:
         for j in range(t):  # the window in front of the admissions (a wholly recomputed survivor is masked)
             parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
         t0 = time.perf_counter()
+        probe = probe and query is not None
         out = self.backend.recompute(concat(parts) if parts else None, chunks, at, offsets,
-                                     return_logits=query is not None)
-        fresh, logits = out if query is not None else (out, None)
+                                     return_logits=query is not None, **({"probe": True} if probe else {}))
+        fresh, logits = (out[0], out[1]) if query is not None else (out, None)
         repaired, admitted = sum(k for _, k in pairs), sum(x.n for x in entries[t:])
         self.stats.forwards += 1
         self.stats.prefill_tokens += repaired + admitted
@@ -1452,6 +1469,8 @@ class Window:
             else:
                 self.graph.add_chunk(e.id, e.n)
                 self.graph.set_current(e.id, None)
+        if probe:
+            return logits, fresh[-1], out[2]
         return (logits, fresh[-1]) if query is not None else None
 
     def _settle_by_forward(self, entries: list[_Entry], ids: list[str], starts: list[int], stale: list[int], t: int,
