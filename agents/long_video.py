@@ -469,10 +469,7 @@ class LongVideoAgent:
         self.ref = Window(HFBackend(model), mode="exact", prefix=prefix) if reference else None
         self.pc = PrefixCache(HFBackend(model)) if reference else None  # own backend: pays its own vision runs
         self.blind = Window(HFBackend(model), mode="blind", prefix=prefix) if blind else None
-        try:
-            self.refresh = make_refresh(refresh)
-        except (ValueError, TypeError) as e:  # policies are pure Python; the agent speaks windowkit errors
-            raise WindowkitError(f"refresh: {e}") from None
+        self.refresh = make_refresh(refresh)  # PolicyError (a WindowkitError) on a bad spec
         self.record = record
         self.recorder = None  # the open TraceRecorder while ``run`` records
 

@@ -125,5 +125,5 @@ def test_bad_agent_inputs_are_refused(model):
         agent.run(frames, make_plan(3, 3), (), ask=lambda s: Ask([]))
     with pytest.raises(ChunkError, match="prompt_ids"):
         agent.run(frames, make_plan(3, 3), ())
-    with pytest.raises(WindowkitError, match="refresh: refresh policy 'threshold' takes a number"):
+    with pytest.raises(WindowkitError, match="refresh policy 'threshold' takes a number"):
         LongVideoAgent(model, window=3, prefix=prefix, reference=False, refresh="threshold:x")

@@ -219,10 +219,10 @@ class Strategy:
 
 
 def _refresh(spec: str) -> Callable[[Any], Any]:
-    from policies.refresh import make_refresh
+    from windowkit.registry import make_policy  # the refresh policies live in ``policies``, registered there
 
     def run(win: Any) -> Any:
-        return make_refresh(spec).apply(win)
+        return make_policy("refresh", spec).apply(win)
     return run
 
 
