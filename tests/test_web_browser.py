@@ -19,7 +19,8 @@ from _need import need  # noqa: E402
 
 need("PIL", "pip install pillow (in requirements.txt: make venv)")
 
-from agents.long_video import _kl, byte_ids  # noqa: E402
+from agents.long_video import byte_ids  # noqa: E402
+from windowkit.kv.metrics import kl_divergence as _kl  # noqa: E402
 from agents.web_browser import (CHATML, DEMO_TASK, BrowserAgent, BrowserError, Chromium, KeywordPolicy,  # noqa: E402
                                 LocalSite, ModelPolicy, ScriptedPolicy, chromium_path, demo_site,
                                 plot_run)

@@ -48,7 +48,7 @@ import torch
 from windowkit.errors import KVShapeError
 from windowkit.kv.isvd import IncrementalSVD
 from windowkit.kv.layout import ChunkKV, KVLayout
-from windowkit.kv.patch import Layers, Patch, _as_matrix, select_layers
+from windowkit.kv.patch import Layers, Patch, as_matrix, select_layers
 
 Key = tuple[int, int]
 _uids = itertools.count()
@@ -169,7 +169,7 @@ class SharedPatchBasis:
         self._check(deficit, "observe")
         for key in self._keys:
             l, s = key
-            self._pending[key].append(_as_matrix(deficit.layers[l][s]).to(self.device))
+            self._pending[key].append(as_matrix(deficit.layers[l][s]).to(self.device))
         return self._queued(deficit.num_tokens)
 
     @torch.no_grad()
@@ -273,7 +273,7 @@ class SharedPatchBasis:
             is_rope = self.layout.family == "mla" and s == self.layout.rope_slot
             want = rope_rank if (is_rope and rope_rank is not None) else m
             w = self.k(*key) if want is None else min(int(want), self.k(*key))
-            x = _as_matrix(deficit.layers[l][s]).to(self.device)
+            x = as_matrix(deficit.layers[l][s]).to(self.device)
             vt = self._buf[key][:w]
             c = x @ vt.float().T  # [S, w]
             factors[key] = (c.to(self.dtype), vt)
