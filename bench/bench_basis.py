@@ -1,4 +1,6 @@
-"""Shared patch basis vs per-item SVD patch on held-out (A, B) pairs (issue 3, part 2; paper §4 / App. C.2).
+"""Shared patch basis vs per-item SVD patch on held-out (A, B) pairs (the Kamera paper, "Kamera: Unified
+Position-Invariant Multimodal KV Cache for Training-Free Reuse": section 4, "The shape of the lost term
+dictates a feature patch", and App. C.2).
 
     PYTHONPATH=. .venv/bin/python bench/bench_basis.py --json bench/results/basis.json
 

@@ -12,7 +12,7 @@ checkout without it. Placement and refresh policies load lazily (PEP 562 ``__get
 ``import policies`` pulls in only the eviction policies.
 """
 
-# ---------------------------------------------------------------- eviction (owned by the store work)
+# ---------------------------------------------------------------- eviction
 from policies.eviction import (EVICTION_POLICIES, FIFO, LFU, LRU, Belady, EvictionPolicy, SizeAware,
                                make_eviction_policy)
 
@@ -20,9 +20,9 @@ _EVICTION_EXPORTS = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SizeAware", "Belad
                      "make_eviction_policy"]
 # ---------------------------------------------------------------- end of eviction block
 
-# ---------------------------------------------------------------- placement (owned by the window work)
+# ---------------------------------------------------------------- placement and refresh
 # loaded lazily (PEP 562): ``from policies import OrbitSet`` imports policies.placement / policies.refresh on
-# first use, so the store's import of policies.eviction never pulls them in
+# first use, so importing the eviction policies (e.g. when the store looks one up by name) never pulls them in
 _LAZY = {**{n: "policies.placement" for n in ("PlacementPolicy", "Listed", "Arrival", "GreedyPatchHit", "OrbitSet",
                                                "OfflineOptimal", "Fixed", "PatchHitCost", "PLACEMENTS",
                                                "make_placement", "model_cost")},
@@ -38,7 +38,7 @@ def __getattr__(name: str):
     import importlib
 
     return getattr(importlib.import_module(mod), name)
-# ---------------------------------------------------------------- end of placement block
+# ---------------------------------------------------------------- end of placement and refresh block
 
 
 def _make_refresh(spec=None):

@@ -1,6 +1,8 @@
 """Shared patch basis: one per-(layer, slot) dictionary of deficit directions, per-item coefficients only.
 
-The paper (§4, App. C.2) reports that conditioning-patch directions are *shared across items*: a fixed
+The Kamera paper ("Kamera: Unified Position-Invariant Multimodal KV Cache for Training-Free Reuse", arXiv
+2606.23581; section "The shape of the lost term dictates a feature patch" and App. C.2, "the deficit is
+intrinsically thin") reports that conditioning-patch directions are *shared across items*: a fixed
 per-layer basis pooled over (A, B) pairs recovers a held-out deficit as well as that item's own SVD, so
 only the coefficients are item-specific. This module maintains such a basis online and issues patches
 whose factors are coefficients on it::
@@ -18,7 +20,9 @@ Only ``diag(S) Bᵀ`` is kept between updates (the left factor is dropped): it h
 every row folded so far, so later updates give the same basis as if the history were kept, and memory
 stays ``O(k·F)`` per layer-slot however many deficits are observed.
 
-The coordinated update (iS-KV review §2): a coefficient row means something only relative to its basis.
+The coordinated update (the iS-KV review, "iS-KV: When the Basis Moves, the History Must Move with It", section
+"Prerequisites: attention, rank, and two kinds of compression"): a coefficient row means something only
+relative to its basis.
 The shared ``Bₖᵀ`` lives in one preallocated buffer per layer-slot that is updated *in place* when the
 basis moves; every issued patch holds a view of it. After a move each issued coefficient set ``C`` is
 rotated, ``C ← C·(B_oldᵀ B_new)``, which reproduces the same Δ̂ exactly whenever the old span survives
