@@ -75,7 +75,7 @@ def main(argv=None) -> int:
                                    format_summary, lookback_steps, make_plan, sample_video)
     from agents.video_io import parse_size
     from policies.refresh import make_refresh
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.models.binding.task import N_TAGS
     from windowkit.errors import WindowkitError
 

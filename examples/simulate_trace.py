@@ -31,7 +31,7 @@ def record_trace(args, path: str) -> str:
 
     from agents.long_video import LongVideoAgent, lookback_steps, make_plan, sample_video
     from examples.long_video_qa import question_and_prompt
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
 
     torch.set_num_threads(max(1, args.threads))
     try:

@@ -19,7 +19,7 @@ SEED, N = 0, 16  # video 0: the example's default video, cut to 16 frames
 
 @pytest.fixture(scope="module")
 def model():
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
 
     torch.set_num_threads(1)
     return load_model("binding")

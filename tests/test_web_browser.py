@@ -232,7 +232,7 @@ def test_smollm2_chooses_the_link(site, browser):
     """SmolLM2-135M-Instruct (real weights) reads task + page text and picks the link; its per-label scores equal
     the mean log-probabilities from transformers' own forward over the same tokens."""
     need("gguf", "python -m pip install --no-deps -r requirements-real.txt (make test installs it)")
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.models import smollm2
 
     model = load_model("smollm2")

@@ -691,7 +691,8 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
     result after every item (the CLI writes it, so a run cut short still leaves its numbers)."""
     from tqdm import tqdm
 
-    from windowkit.backends.hf import HFBackend, load_model
+    from windowkit.backends.hf import HFBackend
+    from windowkit.models.load import load_model
     from windowkit.models import smollm2
 
     for t in tasks:
