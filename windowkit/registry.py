@@ -31,7 +31,6 @@ def load_providers() -> None:
     global _providers_loaded
     if _providers_loaded:
         return
-    _providers_loaded = True
     from importlib.metadata import entry_points
 
     eps = list(entry_points(group=ENTRY_POINT_GROUP))
@@ -45,6 +44,7 @@ def load_providers() -> None:
         except ModuleNotFoundError as e:
             if e.name != "policies":
                 raise
+    _providers_loaded = True  # after a clean load only: a provider that failed to import is retried next time
 
 
 def register_factory(family: str, factory: Callable[[Any], Any]) -> None:
