@@ -36,9 +36,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
+from agents.common import common_prefix, common_prefix_tokens
 from agents.video_io import Frame, VideoError, read_frames, sample_qwen_video, write_synthetic_video
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, UnsupportedModelError, WindowkitError
+from windowkit.kv.metrics import kl_divergence
 from windowkit.trace.record import recording
 
 #: ``win.stats`` fields logged per step (deltas), plus the backend's ``vision_calls``
@@ -368,26 +370,6 @@ def sum_deltas(steps: Sequence[Any], fields: Sequence[str]) -> dict:
     return out
 
 
-def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    """KL(p || q) of the softmaxes of two logit vectors."""
-    lp = torch.log_softmax(p_logits.double(), -1)
-    lq = torch.log_softmax(q_logits.double(), -1)
-    return float((lp.exp() * (lp - lq)).sum().clamp_min(0.0))
-
-
-def _common_prefix(prev: Sequence[Chunk], cur: Sequence[Chunk]) -> int:
-    """Number of leading chunks ``cur`` shares with ``prev`` (by id)."""
-    k = 0
-    while k < min(len(prev), len(cur)) and prev[k].id == cur[k].id:
-        k += 1
-    return k
-
-
-def _common_prefix_tokens(prev: Sequence[Chunk], cur: Sequence[Chunk]) -> int:
-    """Tokens of ``cur`` from its first chunk that differs from ``prev`` on (a prefix cache re-prefills them)."""
-    return sum(len(c) for c in cur[_common_prefix(prev, cur):])
-
-
 class PrefixCache:
     """The prefix-cache baseline, run for real: keep the previous step's window KV, reuse its longest leading
     run of unchanged chunks and prefill everything after it in one forward (vLLM / SGLang prefix caching with
@@ -409,7 +391,7 @@ class PrefixCache:
         from windowkit.kv import concat
 
         wanted = list(wanted)
-        k = _common_prefix(self.chunks, wanted)
+        k = common_prefix(self.chunks, wanted)
         n_tok = sum(len(c) for c in wanted[:k])
         past = self.kv.slice(0, n_tok) if k else None
         start = sum(self.spans[:k])
@@ -469,10 +451,7 @@ class LongVideoAgent:
         self.ref = Window(HFBackend(model), mode="exact", prefix=prefix) if reference else None
         self.pc = PrefixCache(HFBackend(model)) if reference else None  # own backend: pays its own vision runs
         self.blind = Window(HFBackend(model), mode="blind", prefix=prefix) if blind else None
-        try:
-            self.refresh = make_refresh(refresh)
-        except (ValueError, TypeError) as e:  # policies are pure Python; the agent speaks windowkit errors
-            raise WindowkitError(f"refresh: {e}") from None
+        self.refresh = make_refresh(refresh)  # PolicyError (a WindowkitError) on a bad spec
         self.record = record
         self.recorder = None  # the open TraceRecorder while ``run`` records
 
@@ -576,7 +555,7 @@ class LongVideoAgent:
         for op, _ in edits:
             ops[op] = ops.get(op, 0) + 1
         row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
-                      prefix_cache_tokens=_common_prefix_tokens(list(prev), wanted))
+                      prefix_cache_tokens=common_prefix_tokens(list(prev), wanted))
         if ask is not None:
             row.question_kind, row.correct = ask.kind, ask.correct(logits)
         if self.ref is not None:
@@ -586,7 +565,7 @@ class LongVideoAgent:
             ref_logits = self.ref.forward(prompt)  # one full re-prefill of the window (+ the prompt)
             row.exact_ms = (time.perf_counter() - t1) * 1e3  # assign + forward, as ``ms``
             row.exact_answer = self.ref.generate(prompt, max_new_tokens=self.max_new_tokens)  # reuses that prefill
-            row.kl = _kl(ref_logits, logits)
+            row.kl = kl_divergence(ref_logits, logits)
             row.argmax_agree = int(ref_logits.argmax()) == int(logits.argmax())
             if ask is not None:
                 row.exact_correct = ask.correct(ref_logits)
@@ -597,7 +576,7 @@ class LongVideoAgent:
             if ask is not None:
                 row.blind_correct = ask.correct(blind_logits)
             if self.ref is not None:
-                row.blind_kl = _kl(ref_logits, blind_logits)
+                row.blind_kl = kl_divergence(ref_logits, blind_logits)
         if self.pc is not None:
             phase("prefix cache")
             t2 = time.perf_counter()

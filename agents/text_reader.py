@@ -149,7 +149,7 @@ class _PrefixCache:
 class TextReaderAgent:
     """Reads a log through a ``k``-entry Window and answers a question per step (see the module docstring).
 
-    model:   a transformers causal LM with 1-D RoPE (SmolLM2-135M: ``windowkit.backends.hf.load_model("smollm2")``)
+    model:   a transformers causal LM with 1-D RoPE (SmolLM2-135M: ``windowkit.models.load.load_model("smollm2")``)
     tok:     its tokenizer (with a chat template)
     k:       entries held per step
     window:  extra ``Window`` arguments for the windowkit window (e.g. ``{"rank": 16}``, ``{"repair": "all"}``)

@@ -34,10 +34,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from agents.long_video import FrameEncoder, _common_prefix_tokens, _kl, sum_deltas
+from agents.common import common_prefix_tokens
+from agents.long_video import FrameEncoder, sum_deltas
 from agents.video_io import Frame
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
+from windowkit.kv.metrics import kl_divergence
 from windowkit.trace.record import recording
 
 #: ``win.stats`` fields logged per step (deltas); ``vision_calls`` is the backend's delta
@@ -210,12 +212,12 @@ class WebAgent:
                    "prefill_tokens": after["prefill_tokens"] - mid["prefill_tokens"]}
         row = WebStepLog(index, [c.id for c in held], [cid for op, cid in edits if op in ("admit", "recall")],
                          [cid for op, cid in edits if op == "evict"], delta, between, plan, int(g_logits.argmax()),
-                         sum(len(c) for c in wanted), _common_prefix_tokens(self._prev, wanted), ms)
+                         sum(len(c) for c in wanted), common_prefix_tokens(self._prev, wanted), ms)
         self._prev = wanted
         if self.ref is not None:
             self.ref.assign(wanted)
             ref_logits = self.ref.forward(planner)
-            row.kl = _kl(ref_logits, logits)
+            row.kl = kl_divergence(ref_logits, logits)
             row.argmax_agree = int(ref_logits.argmax()) == int(logits.argmax())
         return row
 

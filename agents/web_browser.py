@@ -51,11 +51,13 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from agents.long_video import FrameEncoder, _common_prefix_tokens, _kl, byte_ids, sum_deltas
+from agents.common import common_prefix_tokens
+from agents.long_video import FrameEncoder, byte_ids, sum_deltas
 from agents.video_io import Frame
 from agents.web import ScreenshotError
 from windowkit.chunk import Chunk
 from windowkit.errors import WindowkitError
+from windowkit.kv.metrics import kl_divergence
 from windowkit.trace.record import recording
 
 CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium  (Debian's package; `make chromium` does this)"
@@ -734,12 +736,12 @@ class BrowserAgent:
                              [cid for op, cid in edits if op in ("admit", "recall")],
                              [cid for op, cid in edits if op == "evict"], delta, chosen, dict(scores),
                              sum(len(c) for c in wanted), len(new[-1]), len(query),
-                             _common_prefix_tokens(self._prev, wanted), ms, obs.screenshot, list(obs.links), obs.text,
+                             common_prefix_tokens(self._prev, wanted), ms, obs.screenshot, list(obs.links), obs.text,
                              self.last_logits, list(query))
         self._prev = wanted
         if self.ref is not None:
             self.ref.assign(wanted)
-            row.kl = _kl(self.ref.forward(query), self.last_logits)
+            row.kl = kl_divergence(self.ref.forward(query), self.last_logits)
         return row
 
     def run(self, browser: Chromium, start_url: str, task: str, steps: int,

@@ -369,7 +369,7 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown strategies {bad}; choose from {STRATEGIES}")
     torch.set_num_threads(args.threads)
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.models import smollm2
 
     model = load_model("smollm2")

@@ -1,4 +1,6 @@
-"""Shared patch basis vs per-item SVD patch on held-out (A, B) pairs (issue 3, part 2; paper §4 / App. C.2).
+"""Shared patch basis vs per-item SVD patch on held-out (A, B) pairs (the Kamera paper, "Kamera: Unified
+Position-Invariant Multimodal KV Cache for Training-Free Reuse": section 4, "The shape of the lost term
+dictates a feature patch", and App. C.2).
 
     PYTHONPATH=. .venv/bin/python bench/bench_basis.py --json bench/results/basis.json
 
@@ -29,7 +31,7 @@ import windowkit as wk
 from windowkit.backends.tiny import build
 from windowkit.kv import concat, deficit, eta, kl_divergence, place
 from windowkit.kv.basis import SharedPatchBasis
-from windowkit.kv.patch import Patch, _as_matrix, patch_from_deficit
+from windowkit.kv.patch import Patch, as_matrix, patch_from_deficit
 
 
 def _pairs(be, n: int, la: int, lb: int, lq: int, seed: int):
@@ -53,7 +55,7 @@ def _energy(p: Patch | None, d) -> tuple[float, float]:
     res = tot = 0.0
     for l, pair in enumerate(d.layers):
         for s in (0, 1):
-            x = _as_matrix(pair[s])
+            x = as_matrix(pair[s])
             f = None if p is None else p.factors.get((l, s))
             xh = 0 if f is None else f[0].float() @ f[1].float()
             res += float(((x - xh) ** 2).sum())
@@ -66,7 +68,7 @@ def _random_patch(d, m: int, rope_m: int, g: torch.Generator) -> Patch:
     f = {}
     for l, pair in enumerate(d.layers):
         for s in (0, 1):
-            x = _as_matrix(pair[s])
+            x = as_matrix(pair[s])
             w = rope_m if (lay.family == "mla" and s == lay.rope_slot) else m
             w = min(w, x.shape[1])
             q = torch.linalg.qr(torch.randn(x.shape[1], w, generator=g))[0]

@@ -227,7 +227,7 @@ def main(argv=None) -> int:
         write_front(results)
         return 0
     torch.set_num_threads(args.threads)
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.models import smollm2
 
     rules = [RepairRule.parse(r).name for r in args.rules.split(",")]

@@ -67,7 +67,7 @@ def run(rounds: int, size: int) -> dict:
     with LocalMooncake(segment_bytes=64 << 20) as mc:
         plain = MooncakeBackend(mc.config(timeout_s=30.0), namespace="bench")
         # the same Mooncake client under both: the only difference left is the envelope and its check
-        keyed = MooncakeBackend(mc.config(timeout_s=30.0), namespace="bench", client=plain._client, auth_key=KEY)
+        keyed = MooncakeBackend(mc.config(timeout_s=30.0), namespace="bench", client=plain.client, auth_key=KEY)
         try:
             plain.put("c/k/", value, meta)
             keyed.put("c/k/", value, meta)
@@ -76,7 +76,7 @@ def run(rounds: int, size: int) -> dict:
         finally:
             plain.clear()
             keyed.clear()
-            keyed._worker.stop()  # its client is plain's, closed once below
+            keyed.close()  # its client is plain's (borrowed: left open), closed once below
             plain.close()
     rows.append(row("mooncake get (loopback)", t_plain, t_keyed))
     return {"bench": "security", "entry_bytes": size, "rounds": rounds, "rows": rows,

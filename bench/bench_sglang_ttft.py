@@ -81,7 +81,7 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> float:
 
 
 def run(args) -> dict:
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.backends.sglang import SGLangBackend
     from windowkit.models import smollm2
 

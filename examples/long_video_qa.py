@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _question(model, model_path):
+def question_and_prompt(model, model_path):
     """(question ids, answer-prompt ids): the tokenizer's when a local checkpoint has one, else synthetic."""
     import torch
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
                                    format_summary, lookback_steps, make_plan, sample_video)
     from agents.video_io import parse_size
     from policies.refresh import make_refresh
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.models.binding.task import N_TAGS
     from windowkit.errors import WindowkitError
 
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         steps = min((n_frames if binding else 18) if args.steps is None else args.steps, len(frames))
         lookback = lookback_steps(args.lookback, steps, far=reach[0])
         plan = make_plan(len(frames), window, steps, lookback, lookback=reach)
-        question, prompt = ((), ()) if binding else _question(model, model_path)
+        question, prompt = ((), ()) if binding else question_and_prompt(model, model_path)
         video = f"binding video {args.seed} (32x32, tags t mod 3)" if binding else \
             f"{args.video or 'synthetic 96x72 @ 8 fps'} sampled at {args.fps:g} fps"
         asked = "a scored question per step" if binding else f"question ({len(question)} tokens)"

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
 
     from agents.long_video import LongVideoAgent, format_step_table, format_summary, make_plan
     from agents.video_io import write_synthetic_video
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.errors import WindowkitError
 
     torch.set_num_threads(max(1, args.threads))

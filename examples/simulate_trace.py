@@ -30,8 +30,8 @@ def record_trace(args, path: str) -> str:
     import torch
 
     from agents.long_video import LongVideoAgent, lookback_steps, make_plan, sample_video
-    from examples.long_video_qa import _question
-    from windowkit.backends.hf import load_model
+    from examples.long_video_qa import question_and_prompt
+    from windowkit.models.load import load_model
 
     torch.set_num_threads(max(1, args.threads))
     try:
@@ -46,7 +46,7 @@ def record_trace(args, path: str) -> str:
     steps = min(args.steps, len(frames))
     lookback = lookback_steps(args.lookback, steps)
     plan = make_plan(len(frames), args.window, steps, lookback)
-    question, prompt = _question(model, model_path)
+    question, prompt = question_and_prompt(model, model_path)
     t0 = time.perf_counter()
 
     def progress(row):

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     engine = None
     try:
         if args.model == "smollm2":
-            from windowkit.backends.hf import load_model
+            from windowkit.models.load import load_model
             from windowkit.models import smollm2
 
             model, tok = load_model("smollm2"), smollm2.load_tokenizer()

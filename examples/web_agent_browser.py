@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from agents.web_browser import (CHATML, DEMO_TASK, BrowserAgent, Chromium, KeywordPolicy, LocalSite, ModelPolicy,
                                     Prompts, demo_site, format_step_header, format_step_row, plot_run)
     from agents.video_io import parse_size
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.errors import WindowkitError
     from windowkit.trace import read_trace
 

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     from agents.video_io import parse_size
     from agents.web import WebAgent, format_step_header, format_step_row, format_summary, synthetic_screenshot
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.errors import WindowkitError
 
     torch.set_num_threads(max(1, args.threads))

@@ -3,13 +3,16 @@
     from policies import LRU, make_eviction_policy
     store = ChunkStore(budget_bytes=1 << 30, policy=make_eviction_policy("lfu"))
 
-Layering: ``windowkit.store`` imports this package for its eviction policies, so nothing imported
-*eagerly* here may import ``windowkit.store`` or anything above it (``windowkit.window``,
-``windowkit.graph``, backends). Placement policies that need those should load lazily (PEP 562
-``__getattr__`` below the placement block), or the store's import of ``policies.eviction`` becomes a cycle.
+Layering: this package depends on windowkit and windowkit never imports it. The eviction protocol, the
+store's default ``LRU`` and the registries live in windowkit (``windowkit.store.eviction``,
+``windowkit.registry``); importing this package registers its policies there, so ``ChunkStore(policy="lfu")``
+and windowkit's benchmarks find them by name. windowkit loads this package when asked for a name it does not
+know, through the ``windowkit.policies`` entry point (pyproject.toml), or by importing ``policies`` in a
+checkout without it. Placement and refresh policies load lazily (PEP 562 ``__getattr__`` below), so
+``import policies`` pulls in only the eviction policies.
 """
 
-# ---------------------------------------------------------------- eviction (owned by the store work)
+# ---------------------------------------------------------------- eviction
 from policies.eviction import (EVICTION_POLICIES, FIFO, LFU, LRU, Belady, EvictionPolicy, SizeAware,
                                make_eviction_policy)
 
@@ -17,9 +20,9 @@ _EVICTION_EXPORTS = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SizeAware", "Belad
                      "make_eviction_policy"]
 # ---------------------------------------------------------------- end of eviction block
 
-# ---------------------------------------------------------------- placement (owned by the window work)
+# ---------------------------------------------------------------- placement and refresh
 # loaded lazily (PEP 562): ``from policies import OrbitSet`` imports policies.placement / policies.refresh on
-# first use, so the store's import of policies.eviction never pulls them in
+# first use, so importing the eviction policies (e.g. when the store looks one up by name) never pulls them in
 _LAZY = {**{n: "policies.placement" for n in ("PlacementPolicy", "Listed", "Arrival", "GreedyPatchHit", "OrbitSet",
                                                "OfflineOptimal", "Fixed", "PatchHitCost", "PLACEMENTS",
                                                "make_placement", "model_cost")},
@@ -35,6 +38,30 @@ def __getattr__(name: str):
     import importlib
 
     return getattr(importlib.import_module(mod), name)
-# ---------------------------------------------------------------- end of placement block
+# ---------------------------------------------------------------- end of placement and refresh block
+
+
+def _make_refresh(spec=None):
+    from policies.refresh import make_refresh
+
+    return make_refresh(spec)
+
+
+def _make_placement(spec=None):
+    from policies.placement import make_placement
+
+    return make_placement(spec)
+
+
+def _register() -> None:
+    """windowkit finds the refresh and placement makers by family (``windowkit.registry.make_policy``); the
+    eviction policies registered themselves when ``policies.eviction`` was imported above."""
+    from windowkit.registry import register_factory
+
+    register_factory("refresh", _make_refresh)
+    register_factory("placement", _make_placement)
+
+
+_register()
 
 __all__ = _EVICTION_EXPORTS + _PLACEMENT_EXPORTS

@@ -1,21 +1,14 @@
 """Eviction policies for byte-budgeted caches (the chunk store's pluggable victim choice).
 
-Every policy is a small object with the same methods, in the spirit of cachetools' cache classes but
-without owning the data: the cache owns the values and the byte budget; the policy only tracks keys
-and answers "which key goes next?".
+The protocol (``EvictionPolicy``: the accounting, pins and the method contract), the store's default ``LRU``
+and the name registry live in ``windowkit.store.eviction``; this module adds the other policies, subclasses
+of that base, registers them by name (``ChunkStore(policy="lfu")``) and re-exports the names it used to
+define, so ``from policies.eviction import LRU, EvictionPolicy, make_eviction_policy`` keeps working.
 
-    insert(key, nbytes)   a new key entered the cache (inserting a known key replaces it)
-    touch(key)            the key was read (a hit)
-    remove(key, evicted=False)   the key left the cache; ``evicted=True`` when the policy's victim was
-                          evicted (GreedyDual-Size ages its clock on evictions only)
-    victim() -> key|None  the next key to evict, never a pinned one; does not remove it
-    pin(key) / unpin(key) pinned keys are never victims (the chunk store pins the live window's chunks)
-    len(p), key in p, p.nbytes
-
-    lru = LRU()
-    lru.insert("a", 100); lru.insert("b", 100); lru.touch("a")
-    assert lru.victim() == "b"
-    lru.pin("b"); assert lru.victim() == "a"
+    lfu = LFU()
+    lfu.insert("a", 100); lfu.insert("b", 100); lfu.touch("a")
+    assert lfu.victim() == "b"
+    lfu.pin("b"); assert lfu.victim() == "a"
 
 Policies: ``LRU`` (default; O(1) per op), ``FIFO``, ``LFU`` and ``SizeAware`` (GreedyDual-Size with
 frequency, GDSF), the last three on a lazy-deletion heap: O(log n) per op, amortised; ``Belady`` (offline
@@ -26,150 +19,13 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from abc import ABC, abstractmethod
-from collections import OrderedDict
-from typing import Callable, Hashable, Iterable, Mapping, Optional, Union
+from abc import abstractmethod
+from typing import Callable, Iterable, Mapping, Optional
 
-Key = Hashable
-
-
-class EvictionPolicy(ABC):
-    """Victim order over keys. Subclasses implement the five abstract methods; pin state lives here."""
-
-    name: str = "policy"
-
-    def __init__(self) -> None:
-        self._sizes: dict[Key, int] = {}
-        self._pinned: set[Key] = set()
-        self._nbytes = 0
-
-    # ---------------------------------------------------------------- contract
-    @abstractmethod
-    def _on_insert(self, key: Key) -> None:
-        """``key`` is new (already in ``_sizes``): give it a place in the victim order."""
-
-    @abstractmethod
-    def _on_touch(self, key: Key) -> None:
-        """``key`` (known) was read."""
-
-    @abstractmethod
-    def _on_remove(self, key: Key, evicted: bool) -> None:
-        """``key`` leaves (still in ``_sizes`` during the call)."""
-
-    @abstractmethod
-    def _on_pin(self, key: Key) -> None:
-        """Take ``key`` out of the victim order (keep its state)."""
-
-    @abstractmethod
-    def _on_unpin(self, key: Key) -> None:
-        """Put ``key`` back into the victim order."""
-
-    @abstractmethod
-    def victim(self) -> Optional[Key]:
-        """The next key to evict (never a pinned one), or None when every key is pinned or none is held."""
-
-    # ---------------------------------------------------------------- public API
-    def insert(self, key: Key, nbytes: int) -> None:
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        pinned = key in self._pinned
-        if key in self._sizes:  # replacing: a fresh entry, but a pin stays a pin
-            self.remove(key)
-        self._sizes[key] = int(nbytes)
-        self._nbytes += int(nbytes)
-        self._on_insert(key)
-        if pinned:
-            self._pinned.add(key)
-            self._on_pin(key)
-
-    def touch(self, key: Key) -> None:
-        if key not in self._sizes:
-            raise KeyError(key)
-        self._on_touch(key)
-
-    def remove(self, key: Key, evicted: bool = False) -> None:
-        if key not in self._sizes:
-            raise KeyError(key)
-        self._on_remove(key, evicted)
-        self._nbytes -= self._sizes.pop(key)
-        self._pinned.discard(key)
-
-    def discard(self, key: Key) -> None:
-        """``remove`` that ignores unknown keys."""
-        if key in self._sizes:
-            self.remove(key)
-
-    def pin(self, key: Key) -> None:
-        if key not in self._sizes:
-            raise KeyError(key)
-        if key not in self._pinned:
-            self._pinned.add(key)
-            self._on_pin(key)
-
-    def unpin(self, key: Key) -> None:
-        if key not in self._sizes:
-            raise KeyError(key)
-        if key in self._pinned:
-            self._pinned.discard(key)
-            self._on_unpin(key)
-
-    def is_pinned(self, key: Key) -> bool:
-        return key in self._pinned
-
-    @property
-    def pinned(self) -> frozenset:
-        return frozenset(self._pinned)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of every tracked key (pinned included)."""
-        return self._nbytes
-
-    def size_of(self, key: Key) -> int:
-        return self._sizes[key]
-
-    def __len__(self) -> int:
-        return len(self._sizes)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._sizes
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(keys={len(self)}, pinned={len(self._pinned)}, nbytes={self._nbytes})"
-
-
-class LRU(EvictionPolicy):
-    """Least recently used first. O(1) per op (an OrderedDict of the unpinned keys, oldest first).
-
-    Unpinning counts as a use: the window held the chunk until it released it.
-
-        p = LRU(); p.insert("a", 1); p.insert("b", 1); p.touch("a"); assert p.victim() == "b"
-    """
-
-    name = "lru"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._order: OrderedDict[Key, None] = OrderedDict()
-
-    def _on_insert(self, key: Key) -> None:
-        self._order[key] = None
-
-    def _on_touch(self, key: Key) -> None:
-        if key in self._order:
-            self._order.move_to_end(key)
-
-    def _on_remove(self, key: Key, evicted: bool) -> None:
-        self._order.pop(key, None)
-
-    def _on_pin(self, key: Key) -> None:
-        self._order.pop(key, None)
-
-    def _on_unpin(self, key: Key) -> None:
-        self._order[key] = None
-
-    def victim(self) -> Optional[Key]:
-        return next(iter(self._order), None)
+# the protocol, the default LRU and the registry live in windowkit (the store needs them without this package);
+# re-exported here, so ``from policies.eviction import LRU, EvictionPolicy, make_eviction_policy`` keeps working
+from windowkit.store.eviction import (EVICTION_POLICIES, LRU, EvictionPolicy, Key, PolicySpec,  # noqa: F401
+                                      make_eviction_policy, register_eviction)
 
 
 class _HeapPolicy(EvictionPolicy):
@@ -390,32 +246,9 @@ class Belady(LRU):
         return best
 
 
-EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRU, "fifo": FIFO, "lfu": LFU, "size": SizeAware,
-                                                      "belady": Belady}
-
-PolicySpec = Union[None, str, EvictionPolicy, type]
-
-
-def make_eviction_policy(spec: PolicySpec = None) -> EvictionPolicy:
-    """A fresh policy from None (LRU), a name ("lru", "lfu", "fifo", "size", "belady"), a class, or an empty
-    instance.
-
-        make_eviction_policy("lfu")   # -> LFU()
-    """
-    if spec is None:
-        return LRU()
-    if isinstance(spec, str):
-        try:
-            return EVICTION_POLICIES[spec.lower()]()
-        except KeyError:
-            raise ValueError(f"unknown eviction policy {spec!r}; known: {sorted(EVICTION_POLICIES)}") from None
-    if isinstance(spec, type) and issubclass(spec, EvictionPolicy):
-        return spec()
-    if isinstance(spec, EvictionPolicy):
-        if len(spec):  # a policy's state describes one cache; sharing it would corrupt both
-            raise ValueError(f"eviction policy {spec!r} already tracks keys; pass a fresh one")
-        return spec
-    raise TypeError(f"cannot make an eviction policy from {spec!r}")
+for _cls in (LRU, FIFO, LFU, SizeAware, Belady):  # registration order is EVICTION_POLICIES' order
+    register_eviction(_cls.name, _cls)
+del _cls
 
 
 __all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SizeAware", "Belady", "EVICTION_POLICIES", "make_eviction_policy"]

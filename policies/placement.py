@@ -43,6 +43,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, Optional, Sequence
 
+from windowkit.errors import PolicyError, PolicyTypeError
+
 _INF = float("inf")
 
 
@@ -165,12 +167,21 @@ class PlacementPolicy:
             else:
                 order = list(self.place(i, list(s.context), prev))
                 if sorted(c.id for c in order) != sorted(s.ids):
-                    raise ValueError(f"placement {self.name!r} returned another set at step {i}")
+                    raise PolicyError(f"placement {self.name!r} returned another set at step {i}")
                 self.counters["placed"] += 1
             self.observe(order)
             out.append(order)
             prev = order
         return out
+
+    def model_ms(self, orders: Sequence[Sequence[Any]]) -> float:
+        """This policy's cost model (``PatchHitCost`` under the profile of the last ``reset``) summed over
+        ``orders`` from a fresh history: what the simulator reports as ``placement_model_ms``."""
+        return model_cost(orders, self.cost)[0]
+
+    def replay(self, orders: Sequence[Sequence[Any]]) -> "PlacementPolicy":
+        """A policy that replays ``orders`` (e.g. this one's ``resolve``) under this policy's name and counters."""
+        return Fixed(orders, self.name, dict(self.counters))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -532,10 +543,10 @@ def make_placement(spec: Any = None) -> Optional[PlacementPolicy]:
         try:
             return PLACEMENTS[spec.lower()]()
         except KeyError:
-            raise ValueError(f"unknown placement policy {spec!r}; known: {', '.join(PLACEMENTS)}") from None
+            raise PolicyError(f"unknown placement policy {spec!r}; known: {', '.join(PLACEMENTS)}") from None
     if isinstance(spec, type) and issubclass(spec, PlacementPolicy):
         return spec()
-    raise TypeError(f"cannot make a placement policy from {spec!r}")
+    raise PolicyTypeError(f"cannot make a placement policy from {spec!r}")
 
 
 __all__ = ["PlacementPolicy", "Listed", "Arrival", "GreedyPatchHit", "OrbitSet", "OfflineOptimal", "Fixed",

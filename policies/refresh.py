@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from windowkit.errors import PolicyError, PolicyTypeError
+
 
 def _refresh_edits(win: Any) -> list:
     return [e for e in win.plan() if e.op == "refresh-patch"]
@@ -101,7 +103,7 @@ class DivergenceThreshold(RefreshPolicy):
 
     def __init__(self, tau: float = 0.3):
         if not 0.0 < float(tau) <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {tau}")
+            raise PolicyError(f"tau must be in (0, 1], got {tau}")
         self.tau = float(tau)
         super().__init__()
 
@@ -122,7 +124,7 @@ class Budgeted(RefreshPolicy):
 
     def __init__(self, k: int = 1):
         if int(k) < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
+            raise PolicyError(f"k must be >= 0, got {k}")
         self.k = int(k)
         super().__init__()
 
@@ -151,7 +153,7 @@ def make_refresh(spec: Any = None) -> Optional[RefreshPolicy]:
         name, _, arg = spec.lower().partition(":")
         cls = REFRESH_POLICIES.get(name)
         if cls is None:
-            raise ValueError(f"unknown refresh policy {spec!r}; known: {', '.join(REFRESH_POLICIES)}")
+            raise PolicyError(f"unknown refresh policy {spec!r}; known: {', '.join(REFRESH_POLICIES)}")
         if not arg:
             return cls()
         conv = {DivergenceThreshold: (float, "a number"), Budgeted: (int, "an integer")}.get(cls)
@@ -159,10 +161,10 @@ def make_refresh(spec: Any = None) -> Optional[RefreshPolicy]:
             try:
                 value = conv[0](arg)
             except ValueError:
-                raise ValueError(f"refresh policy {name!r} takes {conv[1]}, got {spec!r}") from None
+                raise PolicyError(f"refresh policy {name!r} takes {conv[1]}, got {spec!r}") from None
             return cls(value)
-        raise ValueError(f"refresh policy {name!r} takes no argument, got {spec!r}")
-    raise TypeError(f"cannot make a refresh policy from {spec!r}")
+        raise PolicyError(f"refresh policy {name!r} takes no argument, got {spec!r}")
+    raise PolicyTypeError(f"cannot make a refresh policy from {spec!r}")
 
 
 __all__ = ["RefreshPolicy", "Never", "Always", "DivergenceThreshold", "Budgeted", "REFRESH_POLICIES", "make_refresh"]

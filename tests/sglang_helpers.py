@@ -10,7 +10,8 @@ from typing import Callable, Iterator, TypeVar
 import pytest
 import torch
 
-from windowkit.backends.hf import HFBackend, load_model
+from windowkit.backends.hf import HFBackend
+from windowkit.models.load import load_model
 from windowkit.backends.sglang.cpu_engine import EngineStartError
 from windowkit.chunk import Chunk
 from windowkit.models import smollm2

@@ -12,7 +12,8 @@ from _need import need  # noqa: E402
 
 cv2 = need("cv2", "pip install opencv-python-headless (in requirements.txt: make venv)")
 
-from agents.long_video import STAT_FIELDS, LongVideoAgent, Step, _kl, format_summary, make_plan  # noqa: E402
+from agents.long_video import STAT_FIELDS, LongVideoAgent, Step, format_summary, make_plan  # noqa: E402
+from windowkit.kv.metrics import kl_divergence as _kl  # noqa: E402
 from agents.video_io import VideoError, read_frames, write_synthetic_video  # noqa: E402
 from windowkit.errors import ChunkError, WindowkitError  # noqa: E402
 
@@ -210,7 +211,7 @@ def test_text_model_is_refused():
 
 
 def test_prefix_cache_baseline_counts_from_first_change():
-    from agents.long_video import _common_prefix_tokens
+    from agents.common import common_prefix_tokens as _common_prefix_tokens
     from windowkit.chunk import Chunk
 
     a, b, c, q = (Chunk.text(torch.arange(10, 10 + n), id=i) for n, i in ((3, "a"), (4, "b"), (5, "c"), (2, "q")))

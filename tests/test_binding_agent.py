@@ -19,7 +19,7 @@ SEED, N = 0, 16  # video 0: the example's default video, cut to 16 frames
 
 @pytest.fixture(scope="module")
 def model():
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
 
     torch.set_num_threads(1)
     return load_model("binding")
@@ -125,5 +125,5 @@ def test_bad_agent_inputs_are_refused(model):
         agent.run(frames, make_plan(3, 3), (), ask=lambda s: Ask([]))
     with pytest.raises(ChunkError, match="prompt_ids"):
         agent.run(frames, make_plan(3, 3), ())
-    with pytest.raises(WindowkitError, match="refresh: refresh policy 'threshold' takes a number"):
+    with pytest.raises(WindowkitError, match="refresh policy 'threshold' takes a number"):
         LongVideoAgent(model, window=3, prefix=prefix, reference=False, refresh="threshold:x")

@@ -1,4 +1,5 @@
-"""Tests for windowkit.kv.isvd: block-incremental SVD with coordinated updates (seed review 002).
+"""Tests for windowkit.kv.isvd: block-incremental SVD with coordinated updates (Zhongzhu Zhou's review "iS-KV:
+When the Basis Moves, the History Must Move with It"; sections and equations below are the review's).
 
 Ground truth is always the input rows or a fresh torch.linalg.svd of them, never the code under test.
 """
@@ -46,8 +47,8 @@ def fresh_rank_r(X: torch.Tensor, r: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("store", [F32, BF16])
 def test_rank1_local_vs_global_optimum(store):
-    # Review §4.3: block diag(4, 3) at rank 1 keeps x (σ=4) and discards y; the new row (0, 3) gives
-    # the incremental target squared singular values 16 and 9, so it still keeps x. The complete
+    # The review's section "Why the optimum is local": block diag(4, 3) at rank 1 keeps x (σ=4) and discards y;
+    # the new row (0, 3) gives the incremental target squared singular values 16 and 9, so it still keeps x. The complete
     # history has 16 and 18, so a fresh rank-1 SVD keeps y. Errors: sqrt(18) vs 4.
     isvd = IncrementalSVD(1, store_dtype=store)
     isvd.update(torch.tensor([[4.0, 0.0], [0.0, 3.0]]))
@@ -62,7 +63,9 @@ def test_rank1_local_vs_global_optimum(store):
 
 
 def test_break_even_rows_matches_review_and_byte_formula():
-    assert break_even_rows(1024, 128) == 147  # review §5: "just over 146 rows; the first integer is 147"
+    # the review's section "Returning to attention: costs that the small core does not remove":
+    # "just over 146 rows; the first integer is 147"
+    assert break_even_rows(1024, 128) == 147
     # eq. (13) is the crossing of eq. (12) (no exact rows) and dense storage at equal precision
     assert persistent_bytes(146, 1024, 128) >= dense_bytes(146, 1024)
     assert persistent_bytes(147, 1024, 128) < dense_bytes(147, 1024)
@@ -209,8 +212,8 @@ def test_zero_rows_and_empty_blocks():
         #   noise 0.01: fp32 3.9e-4, bf16 1.4e-3 (bf16 rounding of the factors dominates)
         #   noise 0.05: fp32 2.2e-3, bf16 2.4e-3
         # Excess error comes from noise energy that earlier folds truncated away and later rows
-        # would have made worth keeping (review §4.3); it grows with the noise, not with drift of
-        # the arithmetic. Bounds are ~2x the measured worst case.
+        # would have made worth keeping (the review's "Why the optimum is local"); it grows with the noise,
+        # not with drift of the arithmetic. Bounds are ~2x the measured worst case.
         (0.01, F32, 1e-3),
         (0.01, BF16, 3e-3),
         (0.05, F32, 5e-3),

@@ -727,7 +727,7 @@ def test_kv_messages_exactly():
         mean([])
 
 
-from windowkit.kv.patch import _as_matrix, _from_matrix  # noqa: E402
+from windowkit.kv.patch import _from_matrix, as_matrix as _as_matrix  # noqa: E402
 
 
 def test_matrix_views_by_hand():

@@ -266,13 +266,29 @@ def test_refresh_select_and_factory() -> None:
             simulate(T_SIM, P, ["windowkit"], progress=False, **kw)
 
 
-def test_layering_eviction_does_not_pull_placement_or_the_store() -> None:
+def test_layering_eviction_does_not_pull_placement_and_windowkit_not_policies() -> None:
     import subprocess
     import sys
 
     code = ("import sys, policies.eviction, policies; "
-            "assert 'windowkit.store' not in sys.modules and 'policies.placement' not in sys.modules; "
-            "from policies import OrbitSet, make_refresh; assert 'windowkit.store' not in sys.modules")
+            "assert 'policies.placement' not in sys.modules and 'policies.refresh' not in sys.modules; "
+            "from policies import OrbitSet, make_refresh; assert 'policies.placement' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    # one-way: windowkit (the store included) never imports policies
+    code = ("import sys, windowkit, windowkit.store, windowkit.registry; "
+            "assert not any(m == 'policies' or m.startswith('policies.') for m in sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_store_finds_policies_by_name_through_the_registry() -> None:
+    """A fresh process: ChunkStore(policy="lfu") loads the policies package on demand (entry point or import)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from windowkit.store import ChunkStore; "
+            "assert 'policies' not in sys.modules; s = ChunkStore(policy='LFU'); "
+            "assert type(s.policy).__name__ == 'LFU' and 'policies.eviction' in sys.modules; "
+            "from windowkit.registry import make_policy; assert make_policy('refresh', 'budget:2').k == 2")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import windowkit as wk
-from windowkit.backends.hf import load_model
+from windowkit.models.load import load_model
 from windowkit.errors import UnsupportedModelError
 from windowkit.kv.metrics import kl_divergence
 from windowkit.models import smollm2

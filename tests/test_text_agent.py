@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agents.text_reader import Log, TextReaderAgent, format_table, make_log
-from windowkit.backends.hf import load_model
+from windowkit.models.load import load_model
 from windowkit.benchmarks import real, real_tasks
 from windowkit.errors import ChunkError, WindowkitError
 from windowkit.kv.metrics import kl_divergence

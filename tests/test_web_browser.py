@@ -19,7 +19,8 @@ from _need import need  # noqa: E402
 
 need("PIL", "pip install pillow (in requirements.txt: make venv)")
 
-from agents.long_video import _kl, byte_ids  # noqa: E402
+from agents.long_video import byte_ids  # noqa: E402
+from windowkit.kv.metrics import kl_divergence as _kl  # noqa: E402
 from agents.web_browser import (CHATML, DEMO_TASK, BrowserAgent, BrowserError, Chromium, KeywordPolicy,  # noqa: E402
                                 LocalSite, ModelPolicy, ScriptedPolicy, chromium_path, demo_site,
                                 plot_run)
@@ -231,7 +232,7 @@ def test_smollm2_chooses_the_link(site, browser):
     """SmolLM2-135M-Instruct (real weights) reads task + page text and picks the link; its per-label scores equal
     the mean log-probabilities from transformers' own forward over the same tokens."""
     need("gguf", "python -m pip install --no-deps -r requirements-real.txt (make test installs it)")
-    from windowkit.backends.hf import load_model
+    from windowkit.models.load import load_model
     from windowkit.models import smollm2
 
     model = load_model("smollm2")

@@ -73,6 +73,15 @@ class KVShapeError(WindowkitError, ValueError):
     """KV tensors do not match the layout, dtype or device they are combined with."""
 
 
+class PolicyError(WindowkitError, ValueError):
+    """A policy (eviction, placement, refresh) was asked for by an unknown name, given a bad argument, or
+    given a spec it cannot be made from. Also a ``ValueError``, so older ``except ValueError`` callers work."""
+
+
+class PolicyTypeError(PolicyError, TypeError):
+    """A policy cannot be made from a spec of this type (e.g. a number). Also a ``TypeError``."""
+
+
 __all__ = [
     "WindowkitError",
     "UnsupportedModelError",
@@ -87,4 +96,6 @@ __all__ = [
     "TraceFormatError",
     "ChunkError",
     "KVShapeError",
+    "PolicyError",
+    "PolicyTypeError",
 ]

@@ -25,7 +25,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from windowkit.backends.hf import HFBackend, load_model
+from windowkit.backends.hf import HFBackend
+from windowkit.models.load import load_model
 from windowkit.chunk import Chunk
 from windowkit.kv.layout import concat
 from windowkit.kv.metrics import eta, kl_divergence

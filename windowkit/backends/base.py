@@ -18,6 +18,15 @@ from windowkit.kv.rope import RopeSpec
 
 
 @dataclass
+class Embeds:
+    """A chunk's decoder inputs, computed once (the vision tower never re-runs for a cached chunk)."""
+
+    embeds: torch.Tensor  # [S, hidden] in the model dtype
+    visual_mask: Optional[torch.Tensor] = None  # [S] bool: which tokens are visual (deepstack)
+    deepstack: Optional[list[torch.Tensor]] = None  # per deepstack layer [n_visual, hidden]
+
+
+@dataclass
 class ForwardResult:
     kv: ChunkKV  # KV of the tokens just run (all given chunks, in order)
     logits: torch.Tensor  # [vocab] next-token logits after the last token (fp32)
@@ -48,4 +57,4 @@ class Backend(Protocol):
         """Stable id of the model (config + weights sample), for the store's ModelMismatchError."""
 
 
-__all__ = ["Backend", "BackendStats", "ForwardResult"]
+__all__ = ["Backend", "BackendStats", "Embeds", "ForwardResult"]

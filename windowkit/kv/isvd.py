@@ -1,4 +1,6 @@
-"""Block-incremental SVD with coordinated coordinate updates (iS-KV, seed review 002, eqs. (4)-(14)).
+"""Block-incremental SVD with coordinated coordinate updates (iS-KV; eqs. (4)-(14) of Zhongzhu Zhou's review
+"iS-KV: When the Basis Moves, the History Must Move with It", of Zhao et al., "iS-KV: Online Low-Rank KV Cache
+Compression via Block-Incremental SVD", arXiv 2610.02815).
 
 Maintains ``A ≈ U diag(S) Bᵀ`` over row blocks that arrive one at a time::
 
@@ -10,7 +12,7 @@ silently changes rows that were already represented (eq. (3), error ``2 sin(θ/2
 
 Arithmetic is always fp32; persistent factors are kept in ``store_dtype`` (bf16 by default: same two
 bytes as fp16 but fp32's exponent range; derived factors such as singular values overflowed fp16's
-65,504 in the paper's long runs, review §7.3).
+65,504 in the paper's long runs: the review's section "Precision is part of the method configuration").
 
 Usage::
 

@@ -88,8 +88,8 @@ class Patch:
 
 
 # -------------------------------------------------------------------- helpers
-def _as_matrix(t: torch.Tensor) -> torch.Tensor:
-    """[H, S, D] -> [S, H*D] (fp32)."""
+def as_matrix(t: torch.Tensor) -> torch.Tensor:
+    """[H, S, D] -> [S, H*D] (fp32): one KV slot of one layer as the matrix the patch SVD factors."""
     h, s, d = t.shape
     return t.float().transpose(0, 1).reshape(s, h * d)
 
@@ -147,7 +147,7 @@ def patch_from_deficit(d: ChunkKV, rank: int | None = 32, *, layers: Layers = No
     for l in select_layers(layers, layout.num_layers):
         for slot in (0, 1):
             r = rope_rank if (layout.family == "mla" and slot == layout.rope_slot) else m
-            tr = truncated_svd(_as_matrix(d.layers[l][slot]), r, method)
+            tr = truncated_svd(as_matrix(d.layers[l][slot]), r, method)
             factors[(l, slot)] = (tr.us.to(out_dtype), tr.vt.to(out_dtype))
             energy[(l, slot)] = (tr.kept_energy, tr.total_energy)
     return Patch(factors, layout, s, m, rope_rank, energy, dict(meta or {}))
@@ -306,4 +306,4 @@ def reconstruction_error(approx: ChunkKV, target: ChunkKV, layers: Iterable[int]
 
 
 __all__ = ["Patch", "deficit", "patch_from_deficit", "form_patch", "form_orbit_patch", "form_removal_patch",
-           "apply_patch", "place", "orderings", "select_layers", "reconstruction_error"]
+           "apply_patch", "place", "orderings", "select_layers", "reconstruction_error", "as_matrix"]

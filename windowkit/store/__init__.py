@@ -8,7 +8,9 @@
     store.put_patch(key, context_hash([key_a]), patch)
     kv = store.get_canonical(key)
 
-Layering: imports ``windowkit.kv``, ``windowkit.errors`` and ``policies.eviction`` only.
+Layering: imports ``windowkit.kv``, ``windowkit.errors`` and ``windowkit.registry`` only (never ``policies``:
+the eviction protocol and the default ``LRU`` are ``windowkit.store.eviction``; other policies are found by
+name through its registry).
 Cold tier (off by default): ``ChunkStore(..., cold=ColdTierConfig(rank=16))`` stores canonicals under
 budget pressure (or on ``store.compress(key)``) as exact edge rows + low-rank factors; see docs/store.md.
 Shared tier (off by default): ``ChunkStore(..., shared=EmbeddedBackend())`` or ``shared=MooncakeBackend(...)``

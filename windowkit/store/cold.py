@@ -6,7 +6,10 @@
     store.compress(key)                  # now; or let budget pressure do it (see docs/store.md, "Cold tier")
     kv = store.get_canonical(key)        # reconstructed ChunkKV; store.meta(key)["approx"] = relative error
 
-Layout of one cold canonical (review 002 §3, Algorithm 1, steps 6-8, for a finished chunk)::
+The method is the one described in Zhongzhu Zhou's review "iS-KV: When the Basis Moves, the History Must Move
+with It" (of Zhao et al., "iS-KV: Online Low-Rank KV Cache Compression via Block-Incremental SVD", arXiv
+2610.02815); sections, algorithms and equations below are the review's. Layout of one cold canonical (section
+"Exact states, pending states, and compressed history", Algorithm 1, steps 6-8, for a finished chunk)::
 
     slot X [H, S, D] of layer l   ->  rows [0, p)      exact   "cold.l.s.head" [H, p, D]   (attention sinks)
                                       rows [p, S - r)  U diag(S) Bᵀ over the concatenated heads, d = H·D:
@@ -18,12 +21,12 @@ Factorization: ``IncrementalSVD`` from ``windowkit.kv.isvd`` with a single block
 truncated SVD of Algorithm 2 step 1 in fp32 (with eq. (5)'s numerical floor, so exactly-zero directions are
 not stored). A stored canonical is complete and immutable, so there is nothing to fold incrementally: the
 one-shot SVD of the whole middle block is the global optimum of eq. (2), where a block-by-block fold is
-only locally optimal (review §4.3). Factors are stored in ``factor_dtype`` (bf16 by default: fp16's range
-overflowed for derived factors such as singular values in the paper's long runs, review §7.3); the
-reconstruction is fp32 math, rounded once to the KV dtype.
+only locally optimal (section "Why the optimum is local"). Factors are stored in ``factor_dtype`` (bf16 by
+default: fp16's range overflowed for derived factors such as singular values in the paper's long runs, section
+"Precision is part of the method configuration"); the reconstruction is fp32 math, rounded once to the KV dtype.
 
 ``rope``: with a ``RopeSpec`` (1-D RoPE) the rope slot's middle block is rotated back to position 0
-(pre-RoPE, as the paper factorizes keys, §3.1) before the SVD and rotated to its stored positions again on
+(pre-RoPE, as the paper factorizes keys: section "Prefill chooses what stays exact") before the SVD and rotated to its stored positions again on
 reconstruction. The spec's frequencies travel in the entry, so a reader needs no configuration.
 """
 from __future__ import annotations

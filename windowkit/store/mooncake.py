@@ -186,7 +186,8 @@ class MooncakeBackend:
     Args:
         config: a ``MooncakeConfig`` (default: ``MooncakeConfig.from_env()``).
         namespace: the model fingerprint; None lets ``ChunkStore(shared=...)`` set it to the store's.
-        client: an already set-up ``MooncakeDistributedStore`` to use instead of connecting (tests, sharing).
+        client: an already set-up ``MooncakeDistributedStore`` to use instead of connecting (tests, sharing, e.g.
+            ``client=other.client``); a client passed in is borrowed: ``close()`` leaves it open for its owner.
         auth_key: the deployment's secret (bytes or str, >= 16 bytes): values are HMAC-authenticated and keys
             derived with it. None (default): unauthenticated, as before (``ChunkStore`` warns once).
 
@@ -204,9 +205,15 @@ class MooncakeBackend:
         self._down_until = 0.0
         self._lock = threading.Lock()
         self._closed = False
+        self._owns_client = client is None
         if client is None:
             client = self._connect()
         self._client = client
+
+    @property
+    def client(self) -> Any:
+        """The Mooncake Store client this backend calls (pass it as ``client=`` to share it)."""
+        return self._client
 
     @classmethod
     def from_env(cls, namespace: Optional[str] = None, auth_key: KeySpec = None,
@@ -406,7 +413,8 @@ class MooncakeBackend:
         self._closed = True
         self._worker.drain()  # an abandoned call may still use the client
         self._worker.stop()
-        self._client.close()
+        if self._owns_client:  # a borrowed client is closed by its owner
+            self._client.close()
 
     def __repr__(self) -> str:
         return (f"MooncakeBackend(master={self.config.master!r}, namespace={self.namespace!r}, "

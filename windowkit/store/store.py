@@ -59,7 +59,6 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from policies.eviction import LRU, EvictionPolicy, PolicySpec, make_eviction_policy
 from windowkit.errors import (AuthKeyError, ChunkNotFoundError, KVShapeError, SharedStoreError, StoreAuthError,
                               StoreCorruptError, WindowkitError)
 from windowkit.kv.layout import ChunkKV, KVLayout
@@ -68,6 +67,7 @@ from windowkit.store import cold as _cold
 from windowkit.store.cold import ColdTierConfig
 from windowkit.store.auth import EntryAuth, KeySpec, as_auth, domain_tag, warn_unauthenticated
 from windowkit.store.backend import EmbeddedBackend, StoreBackend
+from windowkit.store.eviction import LRU, EvictionPolicy, PolicySpec, make_eviction_policy
 from windowkit.store.disk import AuthFailed, CorruptEntry, DiskTier, EntryId, Row, _header_metadata, layout_from_json, layout_to_json
 from windowkit.store.keys import chunk_key
 
@@ -128,8 +128,8 @@ class ChunkStore:
     Args:
         path: directory of the disk tier; None keeps everything in memory.
         budget_bytes: upper bound on ``nbytes`` (tensor payload of every entry); None is unbounded.
-        policy: eviction policy: None (LRU), "lru" | "lfu" | "fifo" | "size", a policy class or a fresh
-            instance from ``policies.eviction``.
+        policy: eviction policy: None (LRU), a registered name ("lru"; "lfu" | "fifo" | "size" | "belady" from
+            ``policies.eviction``), an ``EvictionPolicy`` class or a fresh instance (``windowkit.store.eviction``).
         model_fingerprint: id of the model whose KV this is; a disk store written for another model is
             refused with ``ModelMismatchError``. None adopts the stored one.
         layout: the ``KVLayout`` every entry must have; None takes the stored one or the first put's.
@@ -167,10 +167,7 @@ class ChunkStore:
                                  "path and a value >= 0 (a memory-only store is bounded by budget_bytes)")
         if on_corrupt not in ("raise", "miss"):
             raise WindowkitError(f"on_corrupt must be 'raise' or 'miss', got {on_corrupt!r}")
-        try:
-            self._policy: EvictionPolicy = make_eviction_policy(policy)
-        except (ValueError, TypeError) as e:
-            raise WindowkitError(str(e)) from None
+        self._policy: EvictionPolicy = make_eviction_policy(policy)  # PolicyError (a WindowkitError) on a bad spec
         if cold is not None and not isinstance(cold, ColdTierConfig):
             raise WindowkitError(f"cold must be a ColdTierConfig or None, got {type(cold).__name__}")
         if cache_salt is not None and not isinstance(cache_salt, str):

@@ -1,4 +1,4 @@
-"""Seeded generators of the agent access patterns in the research notes (``notes/agents-and-traces.md`` §1).
+"""Seeded generators of agent access patterns (docs/simulation.md, "Generated patterns", lists them).
 
   sliding_window    WebVoyager / OSWorld: task prompt + the last k screenshots (k=3); each screenshot is
                     read on k consecutive steps, then never again.

@@ -48,6 +48,8 @@ import torch
 from windowkit.chunk import Chunk
 from windowkit.errors import WindowkitError
 from windowkit.store import ChunkStore
+from windowkit.registry import make_policy
+from windowkit.store.eviction import EvictionPolicy, make_eviction_policy
 from windowkit.store.store import CANONICAL
 from windowkit.trace.backend import CostModelBackend
 from windowkit.trace.costs import CostProfile, load_profile
@@ -344,20 +346,14 @@ class WindowkitStrategy(Strategy):
         _check_store_options(self)
 
     def _make_store_policy(self):
-        from policies.eviction import EvictionPolicy, make_eviction_policy
-
         spec = self.store_policy
         if isinstance(spec, EvictionPolicy):  # an instance is used once: a fresh one of its class per run
             spec = type(spec)
         if isinstance(spec, str) and spec.lower() == "gds":
             spec = "size"
-        try:
-            return make_eviction_policy(spec)
-        except (ValueError, TypeError) as e:
-            raise WindowkitError(f"store_policy: {e}") from None
+        return make_eviction_policy(spec)  # a name the registry does not know: PolicyError (a WindowkitError)
 
     def reset(self, profile: CostProfile) -> None:
-        from policies.refresh import make_refresh
         from windowkit.window import Window
 
         super().reset(profile)
@@ -365,10 +361,7 @@ class WindowkitStrategy(Strategy):
         self.store = _MeteredStore(budget_bytes=self.budget, model_fingerprint=self.backend.fingerprint(),
                                    layout=self.backend.layout, policy=self._make_store_policy())
         self.win = Window(self.backend, store=self.store, rank=self.rank, mode=self.mode, **self.window_kw)
-        try:
-            self.refresher = make_refresh(self.refresh)
-        except (ValueError, TypeError) as e:
-            raise WindowkitError(f"refresh: {e}") from None
+        self.refresher = make_policy("refresh", self.refresh)
         if self.refresher is not None:
             self.refresher.reset()
         self.chunks: dict[str, Chunk] = {}
@@ -593,12 +586,7 @@ def resolve_placement(steps: Sequence[Step], placement: Any = None,
     policy used (its ``counters`` say what it did). Ordered steps always keep their order."""
     if placement is None:
         return resolve_orders(steps), None
-    from policies.placement import make_placement
-
-    try:
-        pol = make_placement(placement)
-    except (ValueError, TypeError) as e:
-        raise WindowkitError(str(e)) from None
+    pol = make_policy("placement", placement)
     pol.reset(profile)
     pol.prepare(steps)
     return pol.resolve(steps), pol
@@ -663,11 +651,9 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
         bar.close()
     meta: dict[str, Any] = {}
     if pol is not None:
-        from policies.placement import model_cost
-
         meta["placement"] = pol.name
         meta["placement_counters"] = dict(pol.counters)
-        meta["placement_model_ms"] = model_cost(orders, pol.cost)[0]
+        meta["placement_model_ms"] = pol.model_ms(orders)
     for s in strats:
         if isinstance(s, WindowkitStrategy):
             if s.approximated_steps:
@@ -693,8 +679,6 @@ def compare_placements(trace: Union[Trace, Sequence[Step]], placements: Sequence
         rows = compare_placements(grow_interleave_set(episodes=20), profile="cpu-tiny")
         print(placement_table(rows))
     """
-    from policies.placement import Fixed, model_cost
-
     prof = load_profile(profile)
     steps = list(trace)
     name = getattr(trace, "name", "") or "trace"
@@ -703,7 +687,7 @@ def compare_placements(trace: Union[Trace, Sequence[Step]], placements: Sequence
     for pl in placements:
         orders, pol = resolve_placement(steps, pl, prof)
         label = pol.name if pol is not None else "none"
-        row: dict[str, Any] = {"model_ms": model_cost(orders, pol.cost)[0] if pol is not None else None,
+        row: dict[str, Any] = {"model_ms": pol.model_ms(orders) if pol is not None else None,
                                "counters": dict(pol.counters) if pol is not None else {}}
         key = tuple(tuple(x.id for x in o) for o in orders)
         if key in done:
@@ -713,7 +697,7 @@ def compare_placements(trace: Union[Trace, Sequence[Step]], placements: Sequence
             continue
         done[key] = label
         res = simulate(Trace(steps, name=name), prof, list(strategies) if strategies else None, progress=False,
-                       placement=Fixed(orders, label, row["counters"]) if pol is not None else None, **kw)
+                       placement=pol.replay(orders) if pol is not None else None, **kw)
         out[label] = {**row, "strategies": {n: res.totals(n) for n in res.strategies}, "wall_s": dict(res.wall_s)}
     return {"trace": name, "steps": len(steps), "profile": prof.name, "placements": out}
 
