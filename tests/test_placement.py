@@ -14,9 +14,10 @@ from policies.placement import (PLACEMENTS, Arrival, GreedyPatchHit, History, Li
                                 PatchHitCost, make_placement, model_cost, step_cost)
 from policies.refresh import Always, Budgeted, DivergenceThreshold, Never, make_refresh
 from windowkit.errors import WindowkitError
+from windowkit.store import chunk_key
 from windowkit.trace import ChunkRef, CostModelBackend, Step, Trace, simulate
 from windowkit.trace.generators import grow_interleave, random_lookback, random_lookback_set, sliding_window
-from windowkit.trace.simulate import WindowkitStrategy, resolve_orders, resolve_placement, store_future
+from windowkit.trace.simulate import WindowkitStrategy, resolve_orders, resolve_placement
 
 A, B, C, D = (ChunkRef(id=k, tokens=n) for k, n in (("A", 4), ("B", 2), ("C", 3), ("D", 1)))
 from hand_trace import P  # noqa: E402  (the unit profile of tests/test_simulate.py)
@@ -205,15 +206,18 @@ def test_belady_store_encodes_fewer_than_lru(mode: str) -> None:
     assert res.totals("windowkit")["encodes"] == 5 and res.meta["windowkit_store"]["policy"] == "belady"
 
 
-def test_store_future_names_every_entry_the_window_stores() -> None:
-    # unbounded store: every canonical and patch the Window puts must be in the oracle's future
+def test_the_belady_future_is_every_read_of_an_unbounded_dry_run() -> None:
+    """WindowkitStrategy.reads: the entries the same Window reads at each step with nothing evicted. Checked against
+    the store's own read counter (every read of an unbounded run is a hit) and by hand on one entry: the canonical
+    of A, stored when A first leads (s0) and read back when A is recalled at the head (s2)."""
     t = Trace(unordered([A, B], [B, C], [A, B, C], [C, B, A]), name="mix")
-    s = WindowkitStrategy(form="eager")  # eager forming stores a patch per conditioned admission
+    s = WindowkitStrategy(form="eager")  # eager forming stores a canonical and a patch per conditioned admission
     res = simulate(t, P, [s], placement="listed", progress=False)
-    orders = resolve_orders(list(t))
-    fut = store_future(orders, lambda x: CostModelBackend.chunk(x.id, x.tokens).content_hash(), s.backend.fingerprint())
-    stored = set(s.store._entries)
-    assert stored and stored <= set(fut)
+    fut = WindowkitStrategy(form="eager").reads(list(t), resolve_orders(list(t)), P)
+    assert sum(len(v) for v in fut.values()) == s.store.stats.hits > 0
+    assert set(fut) <= set(s.store._entries)  # nothing read that the store does not hold
+    a = ("c", chunk_key(CostModelBackend.chunk("A", A.tokens).content_hash(), s.backend.fingerprint()), "")
+    assert fut[a] == [2]
     assert res.totals("windowkit")["patch_forms"] > 0
 
 

@@ -30,7 +30,7 @@ encodes eagerly; ``ratios["windowkit_bg_encode/..."]`` show the cost were they d
 
 Options: ``placement=`` orders the ``ordered: false`` steps (``policies.placement``: listed, arrival, greedy,
 orbit, optimal; ``compare_placements`` runs several), ``store_budget_bytes=`` / ``store_policy=`` bound windowkit's
-store (lru, size/gds, belady: an offline oracle filled from the trace by ``store_future``), ``refresh=`` re-conditions
+store (lru, size/gds, belady: an offline oracle filled by ``WindowkitStrategy.reads``, a dry run), ``refresh=`` re-conditions
 drifted survivors (``policies.refresh``).
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ from windowkit.chunk import Chunk
 from windowkit.errors import WindowkitError
 from windowkit.store import ChunkStore
 from windowkit.registry import make_policy
-from windowkit.store.eviction import EvictionPolicy, make_eviction_policy
+from windowkit.store.eviction import LRU, EvictionPolicy, make_eviction_policy
 from windowkit.store.store import CANONICAL
 from windowkit.trace.backend import CostModelBackend
 from windowkit.trace.costs import CostProfile, load_profile
@@ -270,6 +270,23 @@ def _floor(**kw: Any) -> Strategy:
     return FloorStrategy(**kw)
 
 
+class _ReadLog(LRU):
+    """An LRU that also logs, per entry, the steps at which it was read (``advance`` gives the step)."""
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now, self.uses = 0, {}
+
+    def advance(self, now: int) -> None:
+        self.now = now
+
+    def _on_touch(self, key) -> None:
+        super()._on_touch(key)
+        self.uses.setdefault(key, []).append(self.now)
+
+
 class _MeteredStore(ChunkStore):
     """A ChunkStore that also counts the tokens of canonicals and patches stored and patches served, so the
     simulator can charge per-token patch costs exactly (Window.stats counts patches, not their tokens)."""
@@ -370,11 +387,27 @@ class WindowkitStrategy(Strategy):
         self._t = 0  # step index (the Belady oracle's clock)
 
     def prepare(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]]) -> None:
-        """For a Belady store: every store entry each step may read (see ``store_future``)."""
+        """For a Belady store: the oracle's future, every store entry this Window reads at each step, recorded
+        from a dry run of the same steps with an unbounded store (the Window's own reads, not a model of them)."""
         pol = self.store.policy
         if hasattr(pol, "set_future"):
-            pol.set_future(store_future(orders, lambda x: self._chunk(x).content_hash(), self.backend.fingerprint(),
-                                        prefix_key=self.win._prefix_key))
+            pol.set_future(self.reads(steps, orders))
+
+    def reads(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]],
+              profile: Optional[CostProfile] = None) -> dict[tuple, list[int]]:
+        """``{store entry id: [step indices]}``: the entries a twin of this strategy (same Window settings and
+        refresh policy, unbounded LRU store) reads at each step of ``steps`` in ``orders``, under ``profile``
+        (default: the one of the last ``reset``).
+
+            fut = WindowkitStrategy(form="eager").reads(list(trace), resolve_orders(trace), load_profile("cpu-tiny"))
+        """
+        twin = WindowkitStrategy(rank=self.rank, mode=self.mode, vision_cache=self.vision_cache,
+                                 refresh=self.refresh, name=self.name, **self.window_kw)
+        twin.store_policy = _ReadLog  # unbounded: a store policy only orders what it holds, nothing is evicted
+        twin.reset(profile if profile is not None else self.p)
+        for step, order in zip(steps, orders):
+            twin.step(step, order)
+        return twin.store.policy.uses
 
     def _chunk(self, x: ChunkRef) -> Chunk:
         ch = self.chunks.get(x.id)
@@ -457,36 +490,6 @@ def _check_store_options(s: Any) -> None:
     if getattr(s, "store_policy", None) is not None and s.budget is None:
         raise WindowkitError(f"{s.name}: store_policy={s.store_policy!r} needs a store budget (store_budget_bytes / "
                              "--store-budget): an unbounded store never evicts")
-
-
-def store_future(orders: Sequence[Sequence[ChunkRef]], content_hash: Callable[[ChunkRef], str],
-                 fingerprint: str, prefix_key: str = "") -> dict[tuple, list[int]]:
-    """The store entries each step reads, as ``{entry id: [step indices]}`` (the Belady oracle): the
-    canonical of every chunk, and for every chunk behind others its patch on the exact ordered context and
-    on the orbit (order-free) context; entry ids as ``ChunkStore`` gives them to its policy.
-
-        store_future(orders, lambda x: CostModelBackend.chunk(x.id, x.tokens).content_hash(), fp)
-    """
-    from windowkit.store import chunk_key, context_root, context_step, orbit_context_hash
-    from windowkit.store.store import CANONICAL, PATCH
-
-    fut: dict[tuple, list[int]] = {}
-    memo: dict[str, str] = {}
-    for t, order in enumerate(orders):
-        keys = []
-        for x in order:
-            k = memo.get(x.id)
-            if k is None:
-                k = memo[x.id] = chunk_key(content_hash(x), fingerprint)
-            keys.append(k)
-        h = context_root(prefix_key)
-        for i, k in enumerate(keys):
-            fut.setdefault((CANONICAL, k, ""), []).append(t)
-            if i:
-                fut.setdefault((PATCH, k, h), []).append(t)
-                fut.setdefault((PATCH, k, orbit_context_hash(keys[:i], prefix=prefix_key)), []).append(t)
-            h = context_step(h, k)
-    return fut
 
 
 # ====================================================================== the run
@@ -818,4 +821,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 __all__ = ["main", "StepCost", "Strategy", "FullRecompute", "RadixCache", "BlindReuse", "TokenBlend", "WindowkitStrategy",
            "STRATEGIES", "make_strategies", "resolve_orders", "SimResult", "simulate", "load_trace_arg",
-           "add_arguments", "run_cli", "resolve_placement", "store_future", "compare_placements", "placement_table"]
+           "add_arguments", "run_cli", "resolve_placement", "compare_placements", "placement_table"]
