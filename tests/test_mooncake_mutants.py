@@ -721,6 +721,8 @@ def test_connect_probes_the_master_with_the_configured_timeout(monkeypatch):
         raises(SharedStoreError, lambda: MooncakeBackend(MooncakeConfig(master="host.example:4321", timeout_s=t)),
                "unavailable", "no mooncake master at host.example:4321: refused")
         assert seen[-1] == (("host.example", 4321), want)
+    raises(SharedStoreError, lambda: MooncakeBackend(MooncakeConfig(master="::1:4321", timeout_s=0.5)), "unavailable")
+    assert seen[-1] == (("::1", 4321), 0.5)  # the port is what follows the last colon
 
 
 def test_connect_without_mooncake_says_what_to_install(monkeypatch):
@@ -776,7 +778,8 @@ def test_local_mooncake_runs_stops_and_cleans_up(tmp_path):
         logs = m.log_dir
         assert logs.is_dir() and logs.name.startswith("windowkit-mooncake-")
         assert b"Mounting segment" in (logs / "holder.log").read_bytes()
-        assert (logs / "master.log").exists()
+        # the master's own log (glog writes to stderr, which goes to master.log) names the ports it was given
+        assert f"Master service started on port {m.port}".encode() in (logs / "master.log").read_bytes()
         c = m.config(timeout_s=1.5)
         assert (c.master, c.timeout_s, c.workers) == (m.master, 1.5, 8)
         assert m.config(master="h:1").master == "h:1"  # keywords win
@@ -832,3 +835,68 @@ def test_local_mooncake_that_cannot_start_cleans_up(monkeypatch, tmp_path):
     monkeypatch.setattr(mcmod.subprocess, "Popen", popen)
     raises(SharedStoreError, lambda: LocalMooncake(segment_bytes=16 << 20), "unavailable", "mooncake holder exited with 5")
     assert len(started) == 2 and started[0].returncode == -9  # the master was killed on the way out
+
+
+def test_local_mooncake_whose_master_cannot_start_cleans_up(monkeypatch):
+    real = subprocess.Popen
+    started = []
+
+    def popen(cmd, **kw):
+        assert "mooncake_master" in cmd[0]  # the holder is never started
+        p = real([sys.executable, "-c", "raise SystemExit(4)"], **kw)
+        started.append((p, Path(kw["stdout"].name)))
+        return p
+
+    monkeypatch.setattr(mcmod.subprocess, "Popen", popen)
+    raises(SharedStoreError, lambda: LocalMooncake(), "unavailable", "mooncake master exited with 4")
+    (p, log), = started
+    assert log.name == "master.log" and not log.parent.exists()  # its temporary folder is removed
+
+
+def test_wait_by_a_clock_it_is_given(monkeypatch):
+    """_wait's bound, read on a fake clock: it gives up only once *more than* ``timeout`` (default 20 s) passed,
+    polling every 0.05 s."""
+    class Proc:
+        returncode = None
+
+        def poll(self):
+            return None
+
+    def run(times, ready_after, **kw):
+        clock, sleeps, checks = iter(times), [], []
+        monkeypatch.setattr(mcmod.time, "monotonic", lambda: next(clock))
+        monkeypatch.setattr(mcmod.time, "sleep", sleeps.append)
+        LocalMooncake._wait(lambda: checks.append(1) or len(checks) > ready_after, "holder", Proc(), **kw)
+        return sleeps
+
+    assert run([100.0, 105.0], 1, timeout=5.0) == [0.05]  # exactly 5 s later: not yet past the bound
+    assert run([100.0, 120.0, 120.0], 2) == [0.05, 0.05]  # the default bound is 20 s
+    with pytest.raises(SharedStoreError) as e:
+        run([100.0, 120.5], 5)
+    assert str(e.value) == "mooncake holder not ready after 20.0 s" and e.value.reason == "timeout"
+
+
+def test_stop_and_close_with_nothing_left_to_stop(tmp_path):
+    m = LocalMooncake.__new__(LocalMooncake)  # as a failed start leaves it: no holder, folder already gone
+    m._holder, m._master, m._own_logs, m.log_dir = None, None, True, tmp_path / "gone"
+    m.stop_holder()
+    m.close()
+    assert not m.log_dir.exists()
+
+
+def test_listening_probes_loopback_with_a_short_timeout(monkeypatch):
+    seen = []
+
+    class Conn:
+        def close(self):
+            seen.append("closed")
+
+    def probe(addr, timeout=None):
+        seen.append((addr, timeout))
+        if addr[1] == 1:
+            raise ConnectionRefusedError
+        return Conn()
+
+    monkeypatch.setattr(mcmod.socket, "create_connection", probe)
+    assert mcmod._listening(2) is True and seen == [(("127.0.0.1", 2), 0.2), "closed"]
+    assert mcmod._listening(1) is False and seen[-1] == (("127.0.0.1", 1), 0.2)
