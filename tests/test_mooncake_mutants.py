@@ -169,9 +169,11 @@ def fake():
 
     c.make = make
     yield c
+    if c.block is not None:  # a test that failed while a call was held: let it return before closing
+        c.block.set()
+    c.block = None
     for b in backends:
         b._closed = False
-        c.block = None
         b.close()
 
 
@@ -277,6 +279,30 @@ def test_worker_timeout_abandons_the_call_and_drain_waits_for_it():
         w.stop()
 
 
+def test_worker_counts_every_call_in_flight():
+    """Two calls in flight at once: drain waits until both are done, not only the first."""
+    w = mcmod._Worker(2)
+    first, second = threading.Event(), threading.Event()
+    try:
+        for ev in (first, second):
+            with pytest.raises(TimeoutError):
+                w.run(lambda ev=ev: ev.wait(30), 0.001)  # abandoned, still running
+        in_flight = w._busy
+        assert in_flight == 2
+        first.set()
+        for _ in range(3000):  # until the first call is counted out
+            if w._busy < in_flight:
+                break
+            threading.Event().wait(0.01)
+        assert w._busy == 1 and w.drain(0.05) is False  # the second is still running
+        second.set()
+        assert w.drain(30) is True
+    finally:
+        first.set()
+        second.set()
+        w.stop()
+
+
 def test_worker_stop_ends_every_thread():
     before = set(threading.enumerate())
     w = mcmod._Worker(4)
@@ -347,11 +373,14 @@ def test_binding_errors_are_shared_store_errors_and_windowkit_errors_pass_throug
     fake.raise_ = RuntimeError("boom")
     raises(SharedStoreError, lambda: b.exists("k"), "error", "mooncake call failed: RuntimeError: boom")
     assert b.stats == zero_stats(errors=1) and b._down_until == 0.0  # counted, no breaker
+    fake.raise_ = OSError("again")
+    raises(SharedStoreError, lambda: b.get("k"), "error", "mooncake call failed: OSError: again")
+    assert b.stats == zero_stats(errors=2)  # each fault counted
     mine = WindowkitError("mine")
     fake.raise_ = mine
     with pytest.raises(WindowkitError) as e:
         b.exists("k")
-    assert e.value is mine and b.stats == zero_stats(errors=1)  # re-raised as is, not counted
+    assert e.value is mine and b.stats == zero_stats(errors=2)  # re-raised as is, not counted
 
 
 def test_a_closed_backend_refuses_calls_and_closes_its_client_once(fake):
@@ -534,6 +563,10 @@ def test_get_batch_hits_misses_unreadable_corrupt_and_faults(fake):
     fake.rc["batch_is_exist"] = [1, 0, 1]
     assert b.get_batch(["x", "y", "z"]) == [None, None, None]
     s = zero_stats(gets=8, hits=3, misses=4, corrupt=1, errors=2, bytes_read=2 * len(good) + len(envelope(b"", {})))
+    assert b.stats == s
+    fake.rc["batch_is_exist"] = [1]  # every empty answer listed
+    assert b.get_batch(["x"]) == [None]
+    s = zero_stats(gets=9, hits=3, misses=5, corrupt=1, errors=3, bytes_read=2 * len(good) + len(envelope(b"", {})))
     assert b.stats == s
     fake.rc["batch_is_exist"] = [0, NO_HANDLE, RPC_FAIL]  # the first negative code is the one reported
     raises(SharedStoreError, lambda: b.get_batch(["x", "y", "z"]), "full", "mooncake get_batch of 3 failed (rc=-200)")
