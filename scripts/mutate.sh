@@ -30,6 +30,9 @@ fi
 tests_for() {
   case "$1" in
     windowkit/kv/*) echo "tests/test_kv_operator.py tests/test_defaults.py tests/test_isvd.py tests/test_basis.py tests/test_kv_mutants.py" ;;
+    # the Mooncake backend: its tests against a real loopback mooncake_master (tests/store_helpers.py's fixtures)
+    # and the survivors' tests (fake clients for the return codes, plus the real master)
+    windowkit/store/mooncake.py) echo "tests/test_mooncake.py tests/test_mooncake_mutants.py" ;;
     windowkit/store/*) echo "tests/test_keys.py tests/test_store.py tests/test_cold_tier.py tests/test_store_mutants.py" ;;
     windowkit/graph/*) echo "tests/test_graph.py tests/test_graph_mutants.py" ;;
     windowkit/window/plan.py) echo "tests/test_planner.py tests/test_plan_mutants.py tests/test_simulate.py" ;;
@@ -41,8 +44,35 @@ tests_for() {
 # spend ~8 s each starting a fresh interpreter; the in-process reopen tests cover the same code
 extra_args_for() {
   case "$1" in
+    # mooncake.py: test_mooncake.py's slow tests left out (run per mutant they cost ~30 s of the file's ~36 s, and
+    # 3 s more each for the tiny model they build): a second interpreter sharing the tier, the holder killed (~8 s
+    # of reconnects), the master killed mid-run, 8 threads x 1000 values, and the three store-level tests on the
+    # tiny model (bit-identical round trip, corrupt value recomputed, frozen master). The backend code they reach
+    # (return codes, counters, the breaker, the timeout, the "missing" read, corrupt values dropped) is checked
+    # call by call in tests/test_mooncake_mutants.py, with a client that answers given codes
+    windowkit/store/mooncake.py) printf '%s\n' "-k" "not two_processes_share and not lost_with_their_holder and not master_killed_mid_run and not load_8_threads and not store_round_trip_is_bit_identical and not corrupt_mooncake_value and not frozen_master" ;;
     windowkit/store/*) printf '%s\n' "-k" "not reopen_in_another_process and not disk_reopen_in_new_process" ;;
   esac
+}
+
+# extra mutmut settings per module (appended to setup.cfg). mooncake.py: the tests run Mooncake's native client,
+# whose threads do not survive a fork: a mutant forked from mutmut's main process (which ran the stats and clean
+# runs) hangs in its first client call, so every mutant reached by those tests would "time out". The fork server
+# forks each mutant from a process that has only imported and collected the tests.
+cfg_for() {
+  case "$1" in
+    windowkit/store/mooncake.py) echo "process_isolation = forkserver" ;;
+  esac
+}
+
+# a mutant killed on timeout leaves its LocalMooncake (master + holder, own sessions) behind: end those started in
+# this module's copy (their working directory), nothing else
+reap_mooncake() {
+  local p c
+  for p in $(pgrep -f 'mooncake_(master|client)' 2>/dev/null || true); do
+    c="$(readlink "/proc/$p/cwd" 2>/dev/null || true)"
+    case "$c" in "$1"|"$1"/*) kill -9 "$p" 2>/dev/null || true ;; esac
+  done
 }
 
 fail=0
@@ -65,6 +95,7 @@ settings.load_profile("mutate")
 PYPLUGIN
   {
     cat "$ROOT/mutate/mutmut.cfg"
+    cfg_for "$mod"
     echo "only_mutate = $mod"
     echo "pytest_add_cli_args_test_selection ="
     for t in $tests; do echo "    $t"; done
@@ -74,6 +105,7 @@ PYPLUGIN
   t0=$(date +%s)
   (cd "$dir" && OMP_NUM_THREADS=1 WINDOWKIT_TEST_PROFILE=quick "$VPY" -m mutmut run > mutmut-run.log 2>&1) || true
   secs=$(( $(date +%s) - t0 ))
+  reap_mooncake "$dir"
   (cd "$dir" && "$VPY" -m mutmut export-cicd-stats > /dev/null 2>&1) || true
   stats="$dir/mutants/mutmut-cicd-stats.json"
   if [ ! -f "$stats" ]; then
