@@ -383,12 +383,12 @@ def test_binding_errors_are_shared_store_errors_and_windowkit_errors_pass_throug
     assert e.value is mine and b.stats == zero_stats(errors=2)  # re-raised as is, not counted
 
 
-def test_a_closed_backend_refuses_calls_and_closes_its_client_once(fake):
-    b = fake.make()
+def test_a_closed_backend_refuses_calls_and_leaves_a_borrowed_client_open(fake):
+    b = fake.make()  # client= passed in: borrowed, its owner closes it (an owned one: the connect test below)
     b.close()
-    assert fake.closed == 1
+    assert fake.closed == 0
     b.close()
-    assert fake.closed == 1  # idempotent
+    assert fake.closed == 0  # idempotent
     raises(WindowkitError, lambda: b.exists("k"), match="the Mooncake backend is closed")
     assert not isinstance(pytest.raises(WindowkitError, b.get, "k").value, SharedStoreError)
     assert fake.calls == []
@@ -396,6 +396,7 @@ def test_a_closed_backend_refuses_calls_and_closes_its_client_once(fake):
 
 def test_close_waits_for_a_call_in_flight(fake):
     b = fake.make(timeout_s=0.05)
+    b._owns_client = True  # as if it had connected the client itself: close() closes it, after the call in flight
     fake.block = threading.Event()
     raises(SharedStoreError, lambda: b.exists("k"), "timeout")
     closer = threading.Thread(target=b.close)
@@ -710,6 +711,8 @@ def test_connect_calls_setup_with_the_config_in_mooncakes_order(monkeypatch):
         finally:
             b.close()
         assert log[-1] == ("close",)
+        b.close()  # idempotent: the client it connected is closed once
+        assert log.count(("close",)) == 1
 
 
 def test_connect_failures_say_why(monkeypatch):
