@@ -182,7 +182,8 @@ EXAMPLES = {
         "StoreStats": 'print(store.stats.as_dict())',
         "chunk_key": 'key_b = chunk_key(b.content_hash(), backend.fingerprint())',
         "context_hash": 'ctx = context_hash([chunk_key(a.content_hash(), backend.fingerprint())])   # ordered',
-        "conditioned_key": 'store.has_canonical(conditioned_key(key, ctx))   # the exact KV of a chunk behind ctx, kept',
+        "conditioned_key": 'ctx = context_hash([chunk_key(a.content_hash(), backend.fingerprint())])\n'
+                           'store.has_canonical(conditioned_key(key, ctx))   # the exact KV of a chunk behind ctx, kept',
         "EmbeddedBackend": 'shared = EmbeddedBackend()\n'
                            'first, second = ChunkStore(shared=shared), ChunkStore(shared=shared)   # second reads what first put',
         "StoreBackend": 'isinstance(EmbeddedBackend(), StoreBackend)      # the shared-tier protocol (MooncakeBackend: processes)',
