@@ -42,8 +42,8 @@ def _git(*args: str) -> str:
 
 
 def provenance() -> dict:
-    files = ["windowkit/window/window.py", "windowkit/trace/simulate.py", "windowkit/trace/floor.py",
-             "windowkit/backends/hf.py"]
+    files = ["windowkit/window/window.py", "windowkit/trace/strategies.py", "windowkit/trace/run.py",
+             "windowkit/trace/result.py", "windowkit/trace/floor.py", "windowkit/backends/hf.py"]
     return {"commit": _git("rev-parse", "HEAD"), "dirty": _git("status", "--porcelain", "--", *files).splitlines(),
             "sha256": {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:16]
                        for f in files if (ROOT / f).is_file()},

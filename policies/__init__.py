@@ -53,13 +53,26 @@ def _make_placement(spec=None):
     return make_placement(spec)
 
 
+def _refresh_names() -> list:
+    from policies.refresh import REFRESH_POLICIES
+
+    return list(REFRESH_POLICIES)
+
+
+def _placement_names() -> list:
+    from policies.placement import PLACEMENTS
+
+    return list(PLACEMENTS)
+
+
 def _register() -> None:
-    """windowkit finds the refresh and placement makers by family (``windowkit.registry.make_policy``); the
-    eviction policies registered themselves when ``policies.eviction`` was imported above."""
+    """windowkit finds the refresh and placement makers, and their names, by family (``windowkit.registry``:
+    ``make_policy``, ``names``); the eviction policies registered themselves when ``policies.eviction`` was
+    imported above."""
     from windowkit.registry import register_factory
 
-    register_factory("refresh", _make_refresh)
-    register_factory("placement", _make_placement)
+    register_factory("refresh", _make_refresh, names=_refresh_names)
+    register_factory("placement", _make_placement, names=_placement_names)
 
 
 _register()

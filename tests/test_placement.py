@@ -329,3 +329,68 @@ def test_cli_policy_flag_routes_each_name_to_its_family(tmp_path):
     assert "threshold" in s["meta"]["windowkit_refresh"]["policy"].lower()
     assert cli_main(["simulate", "sliding-3", "--policy", "nonsense", "--no-progress"]) == 1
     assert cli_main(["simulate", "sliding-3", "--policy", "greedy", "--placement", "orbit", "--no-progress"]) == 1
+
+
+def test_registry_lists_the_names_of_each_family() -> None:
+    """``windowkit.registry.names``: the providers' own name lists, in their order; unknown families are errors."""
+    from policies.refresh import REFRESH_POLICIES
+    from windowkit.registry import names
+    from windowkit.store.eviction import EVICTION_POLICIES, eviction_names
+
+    assert names("placement") == list(PLACEMENTS) == ["listed", "arrival", "greedy", "orbit", "optimal"]
+    assert names("refresh") == list(REFRESH_POLICIES) == ["never", "always", "threshold", "budget"]
+    assert eviction_names() == list(EVICTION_POLICIES) and {"lru", "lfu", "fifo", "size", "belady"} <= set(eviction_names())
+    with pytest.raises(WindowkitError, match="no nonsense policies"):
+        names("nonsense")
+
+
+def test_cli_choices_come_from_the_registries(monkeypatch) -> None:
+    """``windowkit simulate``'s strategy, placement and store-policy choices are the registries' names: a name
+    registered there is accepted without touching the CLI."""
+    import argparse
+
+    from policies.eviction import LRU
+    from windowkit.store import eviction
+    from windowkit.trace import cli
+    from windowkit.trace.run import STRATEGIES
+
+    def choices(p: argparse.ArgumentParser, flag: str) -> list:
+        return next(a.choices for a in p._actions if flag in a.option_strings)
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    assert choices(p, "--strategy") == list(STRATEGIES)
+    assert choices(p, "--placement") == list(PLACEMENTS)
+    assert choices(p, "--store-policy") == list(eviction.EVICTION_POLICIES) + ["gds"]
+
+    class MRU(LRU):
+        name = "mru"
+
+    monkeypatch.setitem(eviction.EVICTION_POLICIES, "mru", MRU)
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    assert "mru" in choices(p, "--store-policy")
+    args = p.parse_args(["sliding-3", "--policy", "mru"])
+    cli._route_policy(args, "mru")
+    assert args.store_policy == "mru"
+
+
+def test_simulate_module_keeps_every_name_it_had() -> None:
+    """``from windowkit.trace.simulate import X`` works for every name the module had before its split, and each
+    is the object of the module that now holds it."""
+    import importlib
+
+    from windowkit.trace import cli, orders, placement, result, run, strategies
+    from windowkit.trace import simulate as simulate_function
+
+    sim = importlib.import_module("windowkit.trace.simulate")  # ``import ... as`` would find the function
+
+    homes = {"main": cli, "load_trace_arg": cli, "add_arguments": cli, "run_cli": cli, "resolve_orders": orders,
+             "resolve_placement": orders, "compare_placements": placement, "placement_table": placement,
+             "SimResult": result, "simulate": run, "STRATEGIES": run, "DEFAULT_STRATEGIES": run,
+             "make_strategies": run, **{n: strategies for n in ("StepCost", "Strategy", "FullRecompute", "RadixCache",
+                                                                "BlindReuse", "TokenBlend", "WindowkitStrategy")}}
+    assert set(homes) == set(sim.__all__)
+    for name, mod in homes.items():
+        assert getattr(sim, name) is getattr(mod, name), name
+    assert simulate_function is run.simulate  # the package's ``simulate`` is the function, not the module

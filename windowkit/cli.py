@@ -43,7 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             return verify_main(rest)
         if cmd == "simulate":
-            from windowkit.trace.simulate import main as simulate_main
+            from windowkit.trace.cli import main as simulate_main
 
             return int(simulate_main(rest) or 0)
         if cmd == "calibrate":

@@ -221,6 +221,16 @@ def eviction_policy(name: str) -> type[EvictionPolicy]:
         raise PolicyError(f"unknown eviction policy {name!r}; known: {sorted(EVICTION_POLICIES)}") from None
 
 
+def eviction_names() -> list[str]:
+    """Every registered eviction policy name, in registration order, after loading the providers (so the
+    ``policies`` package's are listed too).
+
+        eviction_names()   # ["lru", "fifo", "lfu", "size", "belady"]
+    """
+    load_providers()
+    return list(EVICTION_POLICIES)
+
+
 PolicySpec = Union[None, str, EvictionPolicy, type]
 
 
@@ -244,4 +254,4 @@ def make_eviction_policy(spec: PolicySpec = None) -> EvictionPolicy:
 
 
 __all__ = ["EvictionPolicy", "LRU", "EVICTION_POLICIES", "PolicySpec", "register_eviction", "eviction_policy",
-           "make_eviction_policy"]
+           "eviction_names", "make_eviction_policy"]

@@ -12,6 +12,8 @@ from windowkit.trace.backend import CostLedger, CostModelBackend
 from windowkit.trace.io import iter_steps, read_trace, write_trace
 from windowkit.trace.record import TraceRecorder
 from windowkit.trace.schema import ChunkRef, Step, Trace
+# the simulator, by concept in strategies / floor / orders / result / run / placement / cli; its names through
+# the ``simulate`` module, which this import also loads first: ``windowkit.trace.simulate`` stays the function
 from windowkit.trace.simulate import STRATEGIES, SimResult, StepCost, resolve_orders, simulate
 from windowkit.trace.videotree import load_videotree
 

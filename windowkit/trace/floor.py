@@ -4,7 +4,7 @@ Every reuse strategy must prefill a chunk's tokens at least once (the first time
 trace: nothing can be reused before it was computed), must prefill every step's query tokens (the query is
 new every step) and must run the vision tower once on a never-seen visual chunk. The floor charges exactly
 that and nothing else: no relocation (KV replay), no patch form or apply, no canonical encode, no binding
-repair. It is the lower bound any reuse strategy in ``windowkit.trace.simulate`` can reach on the trace, in
+repair. It is the lower bound any reuse strategy in ``windowkit.trace.strategies`` can reach on the trace, in
 prefill tokens and in modeled time (its costs come from the same ``CostProfile`` as ``RadixCache`` and
 ``FullRecompute``, so the numbers compare directly), and it is independent of the order a step is replayed in.
 
@@ -25,7 +25,7 @@ from typing import Sequence
 
 from windowkit.trace.costs import CostProfile
 from windowkit.trace.schema import ChunkRef, Step
-from windowkit.trace.simulate import StepCost, Strategy
+from windowkit.trace.strategies import StepCost, Strategy
 
 # the planner's target (see SimResult.summary: "target" / "meets_target")
 RADIX_TARGET = 0.6  # a strategy should cost at most 0.6x the prefix cache ...

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from windowkit.trace.schema import ChunkRef, Step, Trace
-from windowkit.trace.simulate import SimResult, resolve_orders
+from windowkit.trace.orders import resolve_orders
+from windowkit.trace.result import SimResult
 
 MAX_POINTS = 2000  # per-step series longer than this are plotted as bin means
 SMOOTH_FROM = 100  # cost-per-step plots of longer runs add a rolling mean
