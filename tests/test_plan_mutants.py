@@ -141,6 +141,15 @@ def view(ids=("a", "b", "c"), ante=None, *, canonical=True, patch=(), orbit=(), 
                       lambda c, a: (c, tuple(a)) in orbit, prefix, lambda c, a: (c, tuple(a)) in exact)
 
 
+def test_a_reorder_leaves_nothing_for_the_repair():
+    # [a b c d] -> [d c b]: a evicted, the rest reversed in one reorder; every survivor is re-placed on its new
+    # antecedents (orbit), so the repair after the evictions finds nothing stale: head costs what "none" costs
+    v = view(("a", "b", "c", "d"))
+    base = edit_tokens(v, ["d", "c", "b"], RepairRule.parse("none"), reorder=True)
+    assert edit_tokens(v, ["d", "c", "b"], RepairRule.parse("head"), reorder=True) == base
+    assert edit_tokens(v, ["d", "c", "b"], HEAD5, reorder=True) == base
+
+
 def test_evicting_the_head_repairs_the_survivors():
     # [a b c] -> [b c]: both survivors stale; head+sink:5 recomputes b wholly (20) and 5 of c
     assert edit_tokens(view(), ["b", "c"], HEAD5) == 25
