@@ -338,48 +338,6 @@ def test_the_focus_budget_is_a_running_account_against_the_prefix_cache(be):
         wk.Window(be, focus_budget=1.5)
 
 
-def test_the_budget_trims_the_sink_part_and_keeps_the_head(be):
-    """focus_budget bounds a query rule's sink part too: on a stream where "head+sink:8" alone costs 0.66x a
-    prefix cache, a 0.6 budget drops later survivors' sink tokens whenever the running account would go past it
-    (the head always stays); a step where it dropped them all answers exactly as the plain "head" rule does; with
-    no budget nothing is trimmed."""
-    chunks = [text(be, 20, 200 + i) for i in range(14)]
-
-    def run(**kw):
-        win = wk.Window(be, **kw)
-        for c in chunks[:5]:
-            win.admit(c)
-        out, pc, spent = [], 0, 0
-        for step in range(10):
-            if step:
-                win.evict("head")
-                win.admit(chunks[4 + step])
-            p0, r0, t0 = win.stats.prefill_tokens, win.stats.repaired_tokens, win.stats.trimmed_tokens
-            logits = win.forward(QUERY)
-            pc += 5 * 20 + len(QUERY)  # a prefix cache re-prefills the window behind the evicted head, + the query
-            spent += win.stats.prefill_tokens - p0 + len(QUERY)
-            out.append((logits, win.stats.repaired_tokens - r0, win.stats.trimmed_tokens - t0, spent, pc))
-        return out
-
-    # query:1 asks for a focus too small to run (< FOCUS_MIN): the budget's account runs, the focus does not
-    budget = run(repair="head+sink:8+query:1", focus_budget=0.6)
-    free = run(repair="head+sink:8+query:1", focus_budget=None)
-    head = run(repair="head", focus_budget=None)
-    asked = run(repair="head+sink:8", focus_budget=0.6)  # a position-only rule runs as asked
-    assert all(a[2] == 0 and a[1] == (20 + 3 * 8 if i else 0) for i, a in enumerate(asked))
-    for step in range(1, 10):
-        (lb, rep, trim, spent, pc), (_, rep_free, trim_free, _, _) = budget[step], free[step]
-        assert rep_free == 20 + 3 * 8 and trim_free == 0  # the head wholly + 8 tokens of each later survivor
-        assert rep + trim == rep_free and rep >= 20  # the head always stays
-        if rep > 20:  # a sink ran: the account stayed within the budget
-            assert spent <= 0.6 * pc, (step, spent, pc)
-        if rep == 20:  # every sink dropped: the "head" rule's answer
-            assert torch.equal(lb, head[step][0])
-    trims = [b[2] for b in budget[1:]]
-    # all trimmed while the first fill weighs on the account (head only: 45 of 105 tokens a step), fewer later
-    assert trims[0] == 3 * 8 and min(trims) < 3 * 8, trims
-
-
 # ---------------------------------------------------------------------------------------------- the rule
 @pytest.mark.parametrize("spec,name,head,sink,query", [
     ("head+query:32", "head+query:32", True, 0, 32), ("query:8", "query:8", False, 0, 8),

@@ -72,7 +72,6 @@ class WindowStats:
     fallbacks: int = 0  # edits that fell back to an exact re-prefill (also: a repair run as a full recondition)
     repaired_tokens: int = 0  # survivor tokens recomputed by the repair rule (also counted in prefill_tokens)
     probe_tokens: int = 0  # query tokens run to read what a query attends to (focus; also in prefill_tokens)
-    trimmed_tokens: int = 0  # sink tokens of the repair rule the running budget left out (focus_budget)
     prefix_plans: int = 0  # steps run as the prefix cache's plan (the edits were modelled no cheaper): exact
     forwards: int = 0
     vision_calls: int = 0  # vision-tower runs caused by this window (a recalled or moved chunk causes none)
@@ -158,10 +157,8 @@ class Window:
               most: ``focus``) | a RepairRule (overrides ``fidelity``; ignored with removal_patches=True)
     focus_budget: 0.6 (default) | None: a running account against what a prefix cache spends on the same steps.
               A rule's query:N focus recomputes only as many tokens as keep the window's prefill so far (this step's
-              edits + probe + recompute + the query included) within this share; the same rule's sink:N part
-              drops the sink tokens of the later survivors when the position rule alone would go past it (the
-              head always stays; ``stats.trimmed_tokens``). A rule without a query part runs as asked. None: no
-              ceiling (the focus never exceeds the stale tokens)
+              edits + probe + recompute + the query included) within this share. None: no ceiling (the focus
+              never exceeds the stale tokens)
     cap:      True (default, patch mode with lazy forming): ``assign`` and ``reorder`` never plan a step dearer
               than a prefix cache holding the previous window; where the edits (repairs, conditioned forwards,
               orbit forms) are modelled no cheaper, the step runs the prefix cache's plan instead: keep the
@@ -223,7 +220,6 @@ class Window:
         self._step_p0 = 0  # stats.prefill_tokens at the last read (or prefetch): what this step has spent
         # focus_budget's running account over the steps read so far: a prefix cache's tokens and this window's
         self._bank_pc = self._bank_spent = 0
-        self._bank_focus = 0  # of _bank_spent: what the query focus spent (the position rule comes first)
         self.last_choice = None  # the last StepChoice of assign / reorder (windowkit.window.plan)
         self._repair_pending: Optional[int] = None  # assign batches its evictions' repairs into one
         self._repair_batching = False
@@ -722,7 +718,6 @@ class Window:
         self.backend.forget(q)
         self.stats.forwards += 1 + look + (ridden is None)
         self.stats.prefill_tokens += n + probe
-        self._bank_focus += n + probe
         self.stats.probe_tokens += probe
         self.stats.repaired_tokens += n
         for i, new in zip(order, fresh):
@@ -1358,32 +1353,6 @@ class Window:
         counts = self.repair.counts([entries[i].n for i in stale])
         return [(i, k) for i, k in zip(stale, counts) if k > 0]
 
-    def _trim_to_budget(self, entries: list[_Entry], pairs: list[tuple[int, int]], admitted: int,
-                        query: int) -> list[tuple[int, int]]:
-        """The running budget bounds the position rule's sink part too. When this step's repair, with the pending
-        admissions and the query, would take the window's prefill over the steps read so far past ``focus_budget``
-        x the prefix cache's, the sink tokens of the later survivors go first, down to none; the head (the
-        survivor right behind the edit, wholly) always stays. Focus spending does not count against the position
-        rule: it only takes what the position rule leaves. A cost-model backend keeps no account (the simulator
-        books the whole rule: an upper bound). Only for a rule with a query part (the budget is the focus's: an
-        explicit position rule runs as asked), and from the first read on (before it there is no account)."""
-        if (self.focus_budget is None or not self.repair.query or not self.repair.sink or not self._needs_past
-                or not pairs or not self._bank_pc):
-            return pairs
-        keep = 1 if self.repair.head else 0  # the head's pair comes first (the first stale survivor)
-        pc = self._bank_pc + self._prefix_cache_step(self.ids) + query
-        spent = (self._bank_spent - self._bank_focus + self.stats.prefill_tokens - self._step_p0 + admitted + query
-                 + sum(k for _, k in pairs[:keep]))
-        room = int(self.focus_budget * pc) - spent
-        out = list(pairs[:keep])
-        for i, k in pairs[keep:]:
-            if k > room:
-                break
-            out.append((i, k))
-            room -= k
-        self.stats.trimmed_tokens += sum(k for _, k in pairs[len(out):])
-        return out
-
     def _write_repair(self, entries: list[_Entry], ids: list[str], starts: list[int], pairs: list[tuple[int, int]],
                       full: set[int], fresh: Sequence[ChunkKV]) -> None:
         """Write a repair's fresh KV back: a wholly recomputed survivor is exact from now on, a partly
@@ -1464,7 +1433,6 @@ class Window:
         if not self._recomputes:
             return self._settle_by_forward(entries, ids, starts, stale, t, query)
         pairs = self._repair_pairs(entries, stale)
-        pairs = self._trim_to_budget(entries, pairs, sum(x.n for x in entries[t:]), len(query) if query else 0)
         if not pairs and not tail:
             return None
         full = {i for i, k in pairs if k == entries[i].n}
