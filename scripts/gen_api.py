@@ -77,6 +77,9 @@ EXAMPLES = {
                   'win.admit(wk.Chunk.text(torch.randint(10, 120, (32,))))\n'
                   'win.evict("head"); win.recall(a_id)\n'
                   'logits = win.forward(torch.tensor([5, 6, 7]))',
+        "WindowConfig": 'cfg = wk.WindowConfig(rank=16, fidelity="fast")          # the settings, validated once\n'
+                        'win = wk.Window(backend, config=cfg)                     # = wk.Window(backend, rank=16, fidelity="fast")\n'
+                        'win.config.repair_rule.name                              # "none"',
         "ChunkStore": 'store = wk.ChunkStore(budget_bytes=1 << 30)                # path="kvstore" adds the disk tier\n'
                       'win = wk.Window(backend, store=store)',
         "WindowkitError": 'try:\n    wk.Window(backend, mode="fast")\nexcept wk.WindowkitError as e:\n    print(e)',

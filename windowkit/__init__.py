@@ -22,6 +22,10 @@ def __getattr__(name: str):  # heavy parts load on first use: `import windowkit`
         from windowkit.window import Window
 
         return Window
+    if name == "WindowConfig":
+        from windowkit.window import WindowConfig
+
+        return WindowConfig
     if name == "SGLangBackend":  # the module imports no sglang; the engine starts only in launch()
         from windowkit.backends.sglang.backend import SGLangBackend
 
@@ -33,6 +37,6 @@ def __getattr__(name: str):  # heavy parts load on first use: `import windowkit`
     raise AttributeError(f"module 'windowkit' has no attribute {name!r}")
 
 
-__all__ = ["Chunk", "HFBackend", "SGLangBackend", "Window", "ChunkStore", "WindowkitError", "UnsupportedModelError",
+__all__ = ["Chunk", "HFBackend", "SGLangBackend", "Window", "WindowConfig", "ChunkStore", "WindowkitError", "UnsupportedModelError",
            "ChunkNotFoundError", "StoreCorruptError", "SharedStoreError", "ModelMismatchError", "TraceFormatError", "ChunkError",
            "KVShapeError", "__version__"]

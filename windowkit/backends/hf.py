@@ -88,6 +88,8 @@ class HFBackend:
         cond = backend.forward([b], start=len(a), past=kv_a).kv  # KV(B|A), one conditioned forward
     """
 
+    needs_past = True  # forwards read the past KV (the Backend protocol's flag)
+
     def __init__(self, model: Any, *, verify: bool = True):
         if not hasattr(model, "config") or not hasattr(model, "forward"):
             raise UnsupportedModelError(f"HFBackend needs a transformers model, got {type(model).__name__}")
@@ -274,6 +276,12 @@ class HFBackend:
         """True where ``recompute`` is exact: text decoders with 1-D positions and per-head K/V
         (Llama, Qwen2, Qwen3). MLA and M-RoPE families fall back to a full recondition in the Window."""
         return self.model_type in RECOMPUTE_FAMILIES
+
+    @property
+    def reads_attention(self) -> bool:
+        """True where ``query_attention`` and ``recompute(probe=True)`` read attention weights: the same text
+        families as ``supports_recompute``."""
+        return self.supports_recompute
 
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
                   offsets: Sequence[torch.Tensor], *, return_logits: bool = False, probe: bool = False):

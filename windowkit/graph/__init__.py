@@ -11,8 +11,8 @@ Pure Python + networkx; imports only windowkit.errors (torch only inside the opt
 See docs/graph.md.
 """
 from windowkit.graph.dependency import (KINDS, Cascade, CascadeStep, CostModel, DependencyGraph, PatchNotFoundError,
-                                        PatchRef, TokenCostModel)
+                                        PatchRef, TokenCostModel, entry_is_stale, stale_indices)
 from windowkit.graph.divergence import Embed, divergence, reuse_decision
 
 __all__ = ["DependencyGraph", "PatchRef", "Cascade", "CascadeStep", "TokenCostModel", "PatchNotFoundError",
-           "CostModel", "KINDS", "divergence", "reuse_decision", "Embed"]
+           "CostModel", "KINDS", "divergence", "reuse_decision", "Embed", "entry_is_stale", "stale_indices"]

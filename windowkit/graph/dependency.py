@@ -20,6 +20,16 @@ State beside the graph, all updated in O(degree) per event:
   current      the patch each chunk wears now (its KV's conditioning): the last ``add_patch`` for it,
                cleared when the chunk is evicted. Only worn patches propagate a cascade.
 
+Staleness has one definition, ``entry_is_stale(ante, ids, i)``: a window entry at index ``i`` of ``ids`` is stale
+when the ordered antecedents its KV was formed on (``ante``) are not exactly ``ids[:i]`` (``Window.stale_ids``, the
+Window's repair and focus, and the planner's model of them all use it, through ``stale_indices``). The graph's
+stale set is the part of it that eviction alone decides, kept per *patch record* rather than per entry: a patch is
+in it while one of its antecedents is out of the window. A worn patch in the stale set makes its entry stale
+(its ``ante`` names a chunk not in ``ids``); an entry can be stale with no stale patch (a reorder or an insert
+ahead changed its antecedents, all still in the window; a fork's context-clean view), and a stale patch the entry
+no longer wears says nothing about the entry. The Window never reads the graph's stale set: it decides with
+``entry_is_stale``; the set serves the graph's own users (``is_stale`` / ``stale_patches`` of a patch).
+
 The recall cascade (the paper's App. E leaves it as future work): re-instating chunk r re-forms r's KV on its
 new earlier context, so every chunk after r in the window whose worn patch was formed on r binds to a KV that
 changed and needs a fresh patch; each of those changes in turn, so the chunks after it conditioned on it do too.
@@ -45,6 +55,28 @@ from windowkit.graph.divergence import Embed, divergence
 
 KINDS = ("fresh", "orbit", "removal")
 CostModel = Callable[[str, int], "tuple[float, int]"]  # (chunk_id, tokens) -> (ms, bytes)
+
+
+def entry_is_stale(ante: Sequence[str], ids: Sequence[str], i: int) -> bool:
+    """THE staleness rule: the KV of the entry at index ``i`` of the window ``ids`` was formed on the ordered
+    antecedents ``ante``; it is stale unless those are exactly the chunks now in front of it (``ids[:i]``).
+
+        entry_is_stale(("a", "b"), ["a", "b", "c"], 2) is False
+        entry_is_stale(("b", "a"), ["a", "b", "c"], 2) is True
+    """
+    return len(ante) != i or tuple(ante) != tuple(ids[:i])
+
+
+def stale_indices(ids: Sequence[str], antes: Sequence[Optional[Sequence[str]]], first: int = 0,
+                  upto: Optional[int] = None) -> list[int]:
+    """Indices in ``first..upto-1`` (default: to the end) whose entry is stale (``entry_is_stale``); ``antes[i]``
+    is the ordered antecedents entry ``i``'s KV was formed on, or None for an entry whose KV is not formed yet
+    (a pending admission: never stale).
+
+        stale_indices(["b", "c"], [("a",), ("a", "b")]) == [0, 1]
+    """
+    end = len(ids) if upto is None else upto
+    return [i for i in range(first, end) if antes[i] is not None and entry_is_stale(antes[i], ids, i)]
 
 
 class PatchNotFoundError(ChunkNotFoundError):

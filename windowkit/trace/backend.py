@@ -21,7 +21,7 @@ import torch
 
 from windowkit.backends.base import BackendStats, ForwardResult
 from windowkit.chunk import Chunk
-from windowkit.errors import ChunkError, KVShapeError
+from windowkit.errors import ChunkError, KVShapeError, UnsupportedModelError
 from windowkit.kv.layout import ChunkKV, KVLayout
 from windowkit.kv.rope import RopeSpec
 from windowkit.trace.costs import CostProfile, load_profile
@@ -78,6 +78,7 @@ class CostModelBackend:
     """
 
     n_axes = 1
+    reads_attention = False  # no attention to read: query_attention raises, the Window's focus is off
     needs_past = False  # forward never reads the cache: the Window skips assembling it
     vocab_size = VOCAB
     dtype = torch.float32
@@ -159,6 +160,11 @@ class CostModelBackend:
         if kw.get("return_logits"):
             return out, torch.zeros(VOCAB)
         return out
+
+    def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1, lookahead: int = 0,
+                        return_kv: bool = False):
+        """A cost model reads no attention (``reads_attention`` is False): raises UnsupportedModelError."""
+        raise UnsupportedModelError("CostModelBackend reads no attention (reads_attention is False)")
 
     def _zeros(self, n: int) -> ChunkKV:
         """A shared zero KV of ``n`` tokens: the Window never writes into a backend's KV (edits make new tensors)."""

@@ -1,4 +1,5 @@
 """The Window deque (admit / evict / recall / reorder / assign / materialize / forward)."""
+from windowkit.window.config import WindowConfig
 from windowkit.window.window import FIDELITY, Edit, Mode, RepairRule, Window, WindowStats
 
-__all__ = ["Window", "WindowStats", "Edit", "Mode", "RepairRule", "FIDELITY"]
+__all__ = ["Window", "WindowConfig", "WindowStats", "Edit", "Mode", "RepairRule", "FIDELITY"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from windowkit.errors import WindowkitError
+from windowkit.graph.dependency import stale_indices
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
 
 
 def _stale(ids: Sequence[str], ante: Sequence[tuple], first: int) -> list[int]:
-    return [i for i in range(first, len(ids)) if len(ante[i]) != i or tuple(ante[i]) != tuple(ids[:i])]
+    return stale_indices(ids, ante, first)  # the one staleness rule (windowkit.graph.dependency.entry_is_stale)
 
 
 def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Optional[int], rule: RepairRule) -> int:

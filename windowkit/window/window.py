@@ -30,21 +30,22 @@ from collections import ChainMap, deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from windowkit.backends.base import Backend
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, WindowkitError
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
-from windowkit.graph.dependency import LazyCtx
+from windowkit.graph.dependency import LazyCtx, entry_is_stale
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
-from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, common_prefix, movers_of, repair_rule
+from windowkit.window.config import Mode, WindowConfig
+from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, common_prefix, movers_of
 
-Mode = Literal["patch", "blind", "exact"]
 Where = Union[str, int]
 
 # Per in-memory store: every context (chain hash, ``context_step``) that is a prefix of a context some Window in
@@ -56,6 +57,11 @@ _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.Weak
 
 
 _ID, _SPAN = attrgetter("id"), attrgetter("span")  # C-level per-entry reads (map) on the per-op paths
+
+
+def _differs(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are different setting values (identity first: a RepairRule or a list compares by value)."""
+    return a is not b and a != b
 
 
 @dataclass
@@ -165,57 +171,68 @@ class Window:
               unchanged prefix, prefill the rest in one forward (exact; ``stats.prefix_plans``)
     cache_salt: trust domain of the Window's own store (docs/security.md); with ``store=``, set it on that store
     auth_key: secret that authenticates the store's shared and disk entries (docs/security.md)
+    config:   a WindowConfig holding the settings above (mode, rank, ..., focus_budget) instead of keywords;
+              a keyword given as well must be left at its default or agree with it (else WindowkitError).
+              ``win.config`` is the Window's settings either way
     """
 
-    def __init__(self, backend: Any, store: Optional[ChunkStore] = None, rank: Optional[int] = 32, mode: Mode = "patch",
-                 prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *, patch_layers=None,
-                 svd: str = "exact", removal_patches: bool = False, removal_rank: Optional[int] = 64,
-                 orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy", basis=None,
-                 fidelity: Union[str, float] = "balanced", repair: Union[str, "RepairRule", None] = None,
+    def __init__(self, backend: Backend, store: Optional[ChunkStore] = None, rank: Optional[int] = 32,
+                 mode: Mode = "patch", prefix: Optional[Union[Chunk, Sequence[int], torch.Tensor]] = None, *,
+                 patch_layers=None, svd: str = "exact", removal_patches: bool = False,
+                 removal_rank: Optional[int] = 64, orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy",
+                 basis=None, fidelity: Union[str, float] = "balanced", repair: Union[str, "RepairRule", None] = None,
                  cap: bool = True, cache_salt: Optional[str] = None, auth_key: Union[bytes, str, None] = None,
-                 focus_budget: Optional[float] = 0.6):
-        if mode not in ("patch", "blind", "exact"):
-            raise WindowkitError(f"mode must be 'patch', 'blind' or 'exact', got {mode!r}")
-        if rank is not None and int(rank) < 1:
-            raise WindowkitError(f"rank must be >= 1 or None (full rank), got {rank}")
+                 focus_budget: Optional[float] = 0.6, config: Optional[WindowConfig] = None):
+        given = dict(rank=rank, mode=mode, patch_layers=patch_layers, svd=svd, removal_patches=removal_patches,
+                     removal_rank=removal_rank, orbit_samples=orbit_samples, cascade=cascade, form=form,
+                     fidelity=fidelity, repair=repair, cap=cap, focus_budget=focus_budget)
+        if config is None:
+            config = WindowConfig(**given)  # every setting validated there, once
+        else:
+            if not isinstance(config, WindowConfig):
+                raise WindowkitError(f"config must be a WindowConfig, got {type(config).__name__}")
+            defaults = WindowConfig.defaults()
+            mine = {k: getattr(config, k) for k in given}
+            if given["repair"] is not None and mine["repair"] is not None:  # a spec and its RepairRule agree
+                given["repair"], mine["repair"] = RepairRule.parse(given["repair"]), RepairRule.parse(mine["repair"])
+            clash = [k for k, v in given.items() if _differs(v, defaults[k]) and _differs(v, mine[k])]
+            if clash:
+                raise WindowkitError(f"Window: {', '.join(f'{k}={given[k]!r}' for k in clash)} conflicts with "
+                                     f"config ({', '.join(f'{k}={mine[k]!r}' for k in clash)}); pass "
+                                     "each setting once")
+        self.config = config
         self.backend = backend
         # False for a cost-model backend (simulation): it never reads the cache, so the Window accounts for
         # relocations without doing their tensor work or assembling the window KV
-        self._needs_past = bool(getattr(backend, "needs_past", True))
+        self._needs_past = bool(backend.needs_past)
         if store is not None and (cache_salt is not None or auth_key is not None):
             raise WindowkitError("cache_salt and auth_key configure the Window's own store: pass them to the "
                                  "ChunkStore given as store= instead")
         self.store = store if store is not None else ChunkStore(model_fingerprint=backend.fingerprint(),
                                                                 layout=backend.layout, cache_salt=cache_salt,
                                                                 auth_key=auth_key)
-        self.rank = rank
-        self.mode: Mode = mode
+        self.rank = config.rank
+        self.mode: Mode = config.mode
         # opt-in shared patch basis (windowkit.kv.basis.SharedPatchBasis): fresh patches are stored as
         # coefficients on it; None (default) keeps the per-item SVD patch
         if basis is not None and basis.layout != backend.layout:
             raise WindowkitError("basis layout differs from the backend's KV layout")
         self.basis = basis
-        self.patch_layers = patch_layers
-        self.svd = svd
-        self.removal_patches = removal_patches
-        self.removal_rank = removal_rank
-        self.orbit_samples = orbit_samples
-        if cascade not in ("plan", "apply"):
-            raise WindowkitError(f"cascade must be 'plan' or 'apply', got {cascade!r}")
-        self.cascade = cascade
-        if form not in ("eager", "lazy"):
-            raise WindowkitError(f"form must be 'eager' or 'lazy', got {form!r}")
-        self.form = form
-        self.repair = repair_rule(fidelity, repair)
-        self.fidelity = fidelity
+        self.patch_layers = config.patch_layers
+        self.svd = config.svd
+        self.removal_patches = config.removal_patches
+        self.removal_rank = config.removal_rank
+        self.orbit_samples = config.orbit_samples
+        self.cascade = config.cascade
+        self.form = config.form
+        self.repair = config.repair_rule
+        self.fidelity = config.fidelity
         # an exact budget (repair "all"): every step equals re-prefill, so a low-rank stored patch is never
         # served and a reorder runs as the prefix cache's plan (orbit patches are averages, not exact)
-        self._exact_budget = self.repair.full and not removal_patches
-        self._use_patches = not self._exact_budget or rank is None
-        self.cap = bool(cap)
-        if focus_budget is not None and not 0 < float(focus_budget) <= 1:
-            raise WindowkitError(f"focus_budget must be in (0, 1] or None, got {focus_budget!r}")
-        self.focus_budget = None if focus_budget is None else float(focus_budget)
+        self._exact_budget = self.repair.full and not self.removal_patches
+        self._use_patches = not self._exact_budget or self.rank is None
+        self.cap = config.cap
+        self.focus_budget = config.focus_budget
         self._read_ids: list[str] = []  # the ids at the last read: a prefix cache re-prefills from the first change
         self._step_p0 = 0  # stats.prefill_tokens at the last read (or prefetch): what this step has spent
         # focus_budget's running account over the steps read so far: a prefix cache's tokens and this window's
@@ -365,7 +382,7 @@ class Window:
                 for i in sorted(targets):
                     e = self._entries[i]
                     ante = tuple(ids[:i])
-                    if e.ante != ante:
+                    if entry_is_stale(e.ante, ids, i):
                         self._condition(e, i, starts[i], ante)
         return cid
 
@@ -401,7 +418,7 @@ class Window:
         starts = self.starts()
         for i, e in enumerate(self._entries):
             ante = tuple(x.id for x in list(self._entries)[:i])
-            if ante == e.ante:
+            if not entry_is_stale(e.ante, ante, i):
                 continue  # same ordered context: the current KV only relocates
             self._condition_orbit(e, i, starts[i], ante)
 
@@ -513,7 +530,7 @@ class Window:
                 n = e.n
                 b = self._rope_bytes_per_token() * n
                 edits.append(Edit("relocate", e.id, n, self._bandwidth_ms(2 * b), 2 * b))
-            if self.mode == "patch" and e.ante != tuple(ids[:i]):
+            if self.mode == "patch" and entry_is_stale(e.ante, ids, i):
                 # optional: its KV keeps conditioning formed on another context (keep-as-is);
                 # recondition() would form a fresh patch with one conditioned forward
                 n = e.n
@@ -653,7 +670,7 @@ class Window:
         if n < 0:
             raise WindowkitError(f"focus: tokens must be >= 0, got {tokens!r}")
         if (n == 0 or self.mode != "patch" or not self._recomputes or not self._needs_past
-                or not hasattr(self.backend, "query_attention")):
+                or not self.backend.reads_attention):
             return 0, None
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
         entries = list(self._entries)
@@ -788,7 +805,8 @@ class Window:
             return []
         self._settle()
         ids = self.ids
-        stale = [(divergence(e.ante, ids[:i]), i) for i, e in enumerate(self._entries) if e.ante != tuple(ids[:i])]
+        stale = [(divergence(e.ante, ids[:i]), i) for i, e in enumerate(self._entries)
+                 if entry_is_stale(e.ante, ids, i)]
         if limit is not None:
             stale = sorted(stale, key=lambda t: (-t[0], t[1]))[:max(int(limit), 0)]
         done = []
@@ -819,7 +837,7 @@ class Window:
         ids, starts = self.ids, self.starts()
         for i, e in enumerate(self._entries):
             ante = tuple(ids[:i])
-            exact = self.mode == "patch" and e.ante == ante and e.kv is not None
+            exact = self.mode == "patch" and not entry_is_stale(e.ante, ids, i) and e.kv is not None
             if not self.store.has_canonical(e.key):
                 if exact and not ante and self.prefix is None:
                     kv0 = e.kv if e.kv_start == 0 or not self._needs_past else e.kv.relocate(-e.kv_start, self.backend.rope)
@@ -1165,7 +1183,7 @@ class Window:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
         (none kept as-is or partly repaired after an edit), so a forward over them is the exact conditioned KV."""
         ids = self.ids
-        return all(len(x.ante) == j and x.ante == tuple(ids[:j]) for j, x in enumerate(list(self._entries)[:idx]))
+        return not any(entry_is_stale(x.ante, ids, j) for j, x in enumerate(list(self._entries)[:idx]))
 
     def _form_fresh(self, e: _Entry, cond: ChunkKV, start: int, ctx: str, ante: Sequence[str]) -> None:
         """Form and store the patch of ``e`` for context ``ctx`` from its conditioned KV ``cond`` at ``start``."""
@@ -1227,7 +1245,7 @@ class Window:
             if i > first:  # one step per survivor looked at (none past the last one: the walk usually stops early)
                 h = context_step(h, entries[i - 1].key)
             ctx = h
-            if e.pending or (len(e.ante) == i and e.ante == tuple(ids[:i])):
+            if e.pending or not entry_is_stale(e.ante, ids, i):
                 continue
             head = i == 0 and self.prefix is None
             if not head and hint is not None and ctx not in hint:
@@ -1345,8 +1363,7 @@ class Window:
 
     def _stale(self, entries: list[_Entry], ids: list[str], first: int, upto: int) -> list[int]:
         """Indices in ``first..upto-1`` whose KV was formed on other antecedents than they have now."""
-        return [i for i in range(first, upto) if not entries[i].pending
-                and (len(entries[i].ante) != i or entries[i].ante != tuple(ids[:i]))]
+        return [i for i in range(first, upto) if not entries[i].pending and entry_is_stale(entries[i].ante, ids, i)]
 
     def _repair_pairs(self, entries: list[_Entry], stale: list[int]) -> list[tuple[int, int]]:
         """(index, tokens to recompute from its start) per stale survivor, by the repair rule."""
@@ -1389,7 +1406,7 @@ class Window:
     @property
     def _recomputes(self) -> bool:
         """Selective recompute (text LLM families); other backends repair by re-conditioning from the first stale."""
-        return bool(getattr(self.backend, "supports_recompute", False))
+        return bool(self.backend.supports_recompute)
 
     def _repair_later(self, first: int) -> None:
         """The survivor repair from index ``first`` on: deferred to the next read where that applies, else now."""

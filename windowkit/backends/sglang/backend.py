@@ -156,6 +156,11 @@ class SGLangBackend:
                    share_exact=share_exact)
 
     # ------------------------------------------------------------------ the Backend protocol (KV side)
+    needs_past = True  # the KV side (kv_backend) reads the past
+    # the Window's query focus is not run on an SGLang-served window (it never was: query_attention is not
+    # forwarded to kv_backend); a query's attention is the engine's, not read back
+    reads_attention = False
+
     @property
     def layout(self):
         return self.kv_backend.layout
@@ -207,12 +212,17 @@ class SGLangBackend:
 
     @property
     def supports_recompute(self) -> bool:
-        return bool(getattr(self.kv_backend, "supports_recompute", False))
+        return bool(self.kv_backend.supports_recompute)
 
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
                   offsets: Sequence[torch.Tensor], **kw: Any):
         """Selective recompute (survivor repair, the Window's deferred step): on ``kv_backend``, like ``forward``."""
         return self.kv_backend.recompute(past, chunks, starts, offsets, **kw)
+
+    def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1, lookahead: int = 0,
+                        return_kv: bool = False) -> Any:
+        """Not read on this backend (``reads_attention`` is False): raises UnsupportedModelError."""
+        raise UnsupportedModelError("SGLangBackend does not read query attention (reads_attention is False)")
 
     # ------------------------------------------------------------------ serving through SGLang
     def request(self, window: Any, query_ids: Sequence[int], *, sampling_params: Optional[dict] = None,
