@@ -294,7 +294,7 @@ def profile(model, tok, k: int, size: int, steps: int, seed: int, path: str) -> 
     system = system_ids(tok)
     questions = make_questions(tok)
     chunks = make_chunks(tok, k + 1 + 2 * steps, size, seed + 1)
-    s = WindowkitStep(backend, system, "balanced", "prof")
+    s = WindowkitStep(backend, system, WINDOW_ARGS["wk-balanced"], "prof")
     s.setup(chunks[:k])
     s.step(chunks[k], questions[0])  # warm-up
     out = io.StringIO()

@@ -165,6 +165,31 @@ def test_recompute_matches_a_token_by_token_computation(be):
             assert torch.allclose(v[:, i:i + 1], hand[p][l][1], atol=1e-5), (p, l)
 
 
+def test_recompute_in_row_blocks_matches_the_token_by_token_computation(be, monkeypatch):
+    """Rows run in blocks of 2 (windowkit/backends/attention.py), each over only the past keys its rows may read:
+    the same KV as the mask-free computation (the head wholly, scattered tokens behind it, a tail continuation)."""
+    import windowkit.backends.attention as attn
+
+    monkeypatch.setattr(attn, "BLOCK_ROWS", 2)
+    chunks = [text(be, 6, 60 + i) for i in range(4)]
+    win = window_of(be, chunks, repair="none")
+    win.evict("head")
+    past = win.window_kv()
+    ids = torch.cat([c.input_ids for c in chunks[1:]])
+    picks = [torch.arange(6), torch.tensor([1, 4]), torch.tensor([0, 5])]
+    sel = torch.tensor([0, 1, 2, 3, 4, 5, 6 + 1, 6 + 4, 12 + 0, 12 + 5])
+    unchosen = torch.tensor([p for p in range(18) if p not in sel.tolist()])
+    plan = attn.block_plan(sel, unchosen, 17)  # the forward's own plan: past cut after position 16
+    assert plan is not None and plan[1][0] == (0, 2, 0) and any(lp < 17 for _, _, lp in plan[1])
+    new = be.recompute(past, chunks[1:], win.starts(), picks)
+    hand = _blend_by_hand(be, past, ids, sel.tolist())
+    got = [(new[0], i) for i in range(6)] + [(new[1], i) for i in range(2)] + [(new[2], i) for i in range(2)]
+    for p, (kv, i) in zip(sel.tolist(), got):
+        for l, (k, v) in enumerate(kv.layers):
+            assert torch.allclose(k[:, i:i + 1], hand[p][l][0], atol=1e-5), (p, l)
+            assert torch.allclose(v[:, i:i + 1], hand[p][l][1], atol=1e-5), (p, l)
+
+
 # ---------------------------------------------------------------------------------------------- the front
 def test_kl_decreases_none_sink_all(llama):
     """Mean next-token KL vs re-prefill over a few windows: none > sink:3 > all (~0), head+sink:3 < none."""

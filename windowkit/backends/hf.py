@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from windowkit.backends.base import BackendStats, Embeds, ForwardResult  # Embeds: shared with hf_qwen_vl
-from windowkit.backends.probe_attention import capture_rows
+from windowkit.backends.attention import attention, block_plan, capture_rows
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, KVShapeError, UnsupportedModelError
 from windowkit.kv.layout import ChunkKV, KVLayout
@@ -347,7 +347,7 @@ class HFBackend:
         if cut < s_len:
             past = past.slice(0, cut) if cut > 0 else None
             kv_pos, chosen = kv_pos[:cut], chosen[:cut]
-        mask = None
+        mask, blocks = None, None
         if not torch.equal(sel, torch.arange(cut, cut + q)):  # else every token from `cut` on: a plain prefill
             allowed = torch.zeros(q, cut + q, dtype=torch.bool)
             allowed[:, :cut] = (kv_pos[None] < sel[:, None]) & ~chosen[None]  # stale KV of unchosen tokens before
@@ -355,12 +355,15 @@ class HFBackend:
             mask = torch.zeros(1, 1, q, cut + q, dtype=self.dtype)
             mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
             mask = mask.to(self.device)
+            # rows early in the window read few past keys: run them in blocks over only those (attention.py)
+            blocks = block_plan(sel, (~chosen).nonzero().reshape(-1), cut)
         s_len = cut
         cache = self.make_cache(past)
         kw = {self.adapter.cache_kw: cache, "use_cache": True}
         if self.adapter.has_logits_to_keep:
             kw["logits_to_keep"] = 1
-        with capture_rows(self.model, 1) if probe else nullcontext() as rows, torch.no_grad():
+        own = probe or blocks is not None  # windowkit's attention: the probe's row, the blocks
+        with attention(self.model, rows=int(probe), blocks=blocks) if own else nullcontext() as rows, torch.no_grad():
             out = self.model(inputs_embeds=torch.cat(embs, 0)[None], position_ids=sel[None].to(self.device),
                              attention_mask=mask, **kw)
         cache = getattr(out, "cache", None) or out.past_key_values
@@ -392,7 +395,7 @@ class HFBackend:
         ``lookahead=1`` reads where the first answer token looks: a chat model's first token after the question is
         often a space or a template token, and it is the token after it that copies the fact. Forwards of the
         query (and each decoded token) over ``past`` with SDPA, the rows' weights recomputed from the same query and
-        keys (``probe_attention.capture_rows``; equal to transformers' eager ``output_attentions``). Text LLM families only (those with ``recompute``). With
+        keys (``attention.capture_rows``; equal to transformers' eager ``output_attentions``). Text LLM families only (those with ``recompute``). With
         ``return_kv=True`` returns ``(weights, kv)``: ``past`` followed by the query's KV from that forward, in the
         tensors transformers built for it (no copy: the caller may write into them).
         """
@@ -411,7 +414,7 @@ class HFBackend:
         embeds, pos = self.embeds(query).embeds[None], torch.arange(int(start), int(start) + q, device=self.device)
         picked: list[torch.Tensor] = []  # per forward: [L, s_len] of its rows
         query_kv = None
-        with capture_rows(self.model, rows) as got:  # SDPA, plus the softmax of the last rows (probe_attention.py)
+        with capture_rows(self.model, rows) as got:  # SDPA, plus the softmax of the last rows (attention.py)
             for step in range(1 + int(lookahead)):
                 got.clear()
                 with torch.no_grad():
