@@ -180,7 +180,9 @@ def test_recompute_in_row_blocks_matches_the_token_by_token_computation(be, monk
     sel = torch.tensor([0, 1, 2, 3, 4, 5, 6 + 1, 6 + 4, 12 + 0, 12 + 5])
     unchosen = torch.tensor([p for p in range(18) if p not in sel.tolist()])
     plan = attn.block_plan(sel, unchosen, 17)  # the forward's own plan: past cut after position 16
-    assert plan is not None and plan[1][0] == (0, 2, 0) and any(lp < 17 for _, _, lp in plan[1])
+    # by hand: the head's rows (positions 0-5) read no past key; rows at 7, 10 read past keys up to 9 (unchosen
+    # 6, 8, 9); rows at 12, 17 up to 16 (the whole cut past); blocks of 2 with the same past keys merged
+    assert plan == (17, [(0, 6, 0), (6, 8, 10), (8, 10, 17)])
     new = be.recompute(past, chunks[1:], win.starts(), picks)
     hand = _blend_by_hand(be, past, ids, sel.tolist())
     got = [(new[0], i) for i in range(6)] + [(new[1], i) for i in range(2)] + [(new[2], i) for i in range(2)]

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -33,11 +34,12 @@ _blocks: Optional[tuple[int, list[tuple[int, int, int]]]] = None  # (cut, [(row0
 BLOCK_ROWS = 64  # rows per block of a recompute forward (HFBackend.recompute makes the plan)
 
 
-def _sdpa_in_blocks(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    mask: torch.Tensor, cut: int, blocks: list[tuple[int, int, int]], **kw: Any) -> torch.Tensor:
+def _sdpa_in_blocks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, cut: int,
+                    blocks: list[tuple[int, int, int]], scaling: Optional[float]) -> torch.Tensor:
     """SDPA of rows [r0, r1) over keys [0, lp) + [cut, cut + r1): every key those rows may read (the mask's
-    columns for them, in the same order). query [B, H, q, D]; key, value [B, H_kv, cut + q, D]; mask [1, 1, q, cut + q].
-    Returns [B, q, H, D] as ``sdpa_attention_forward``."""
+    columns for them, in the same order). query [B, H, q, D]; key, value [B, H_kv, cut + q, D] (grouped heads are
+    not copied: SDPA's enable_gqa); mask [1, 1, q, cut + q]. Returns [B, q, H, D] as ``sdpa_attention_forward``."""
+    gqa = query.shape[1] != key.shape[1]
     outs = []
     for r0, r1, lp in blocks:
         if lp >= cut:  # reads the whole past: one contiguous prefix of the keys
@@ -46,14 +48,15 @@ def _sdpa_in_blocks(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
             k = torch.cat([key[:, :, :lp], key[:, :, cut:cut + r1]], 2)
             v = torch.cat([value[:, :, :lp], value[:, :, cut:cut + r1]], 2)
             m = torch.cat([mask[:, :, r0:r1, :lp], mask[:, :, r0:r1, cut:cut + r1]], 3)
-        outs.append(sdpa_attention_forward(module, query[:, :, r0:r1], k, v, m, **kw)[0])
-    return torch.cat(outs, 1)
+        outs.append(F.scaled_dot_product_attention(query[:, :, r0:r1], k, v, attn_mask=m, scale=scaling,
+                                                   enable_gqa=gqa))  # [B, H, r, D]
+    return torch.cat(outs, 2).transpose(1, 2).contiguous()
 
 
 def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, **kw: Any):
     if _blocks is not None and attention_mask is not None and attention_mask.dim() == 4:
-        out = (_sdpa_in_blocks(module, query, key, value, attention_mask, *_blocks, scaling=scaling, **kw), None)
+        out = (_sdpa_in_blocks(query, key, value, attention_mask, *_blocks, scaling), None)
     else:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kw)
     if _rows is not None:
@@ -121,7 +124,14 @@ def block_plan(sel: torch.Tensor, unchosen: torch.Tensor, cut: int, block: Optio
     # past keys row j may read: unchosen positions < sel[j]; the prefix up to the last of them
     n_before = torch.searchsorted(unchosen, sel)  # [q] how many unchosen positions lie before each row
     last = torch.where(n_before > 0, unchosen[(n_before - 1).clamp(min=0)] + 1, torch.zeros_like(sel))
-    blocks = [(r0, min(q, r0 + block), int(last[min(q, r0 + block) - 1])) for r0 in range(0, q, block)]
-    if all(lp >= cut for _, _, lp in blocks):
+    blocks: list[tuple[int, int, int]] = []
+    for r0 in range(0, q, block):
+        r1 = min(q, r0 + block)
+        lp = min(int(last[r1 - 1]), cut)
+        if blocks and blocks[-1][2] == lp:  # the same past keys as the block before (e.g. the whole past): merge
+            blocks[-1] = (blocks[-1][0], r1, lp)
+        else:
+            blocks.append((r0, r1, lp))
+    if len(blocks) == 1:
         return None
     return cut, blocks
