@@ -13,6 +13,8 @@
     with attention(model, rows=1, blocks=(cut, [(r0, r1, past_keys), ...])) as rows:
         model(inputs_embeds=..., position_ids=..., past_key_values=cache, attention_mask=mask_4d)
 
+The settings of the block are module state: forwards inside it run one at a time (as HFBackend runs them).
+
 Exactness: tests/test_focus.py compares the rows with transformers' eager ``output_attentions``;
 tests/test_repair.py and tests/test_focus.py compare recompute's KV and logits with transformers' own forwards.
 """

@@ -395,8 +395,8 @@ class HFBackend:
         ``lookahead=1`` reads where the first answer token looks: a chat model's first token after the question is
         often a space or a template token, and it is the token after it that copies the fact. Forwards of the
         query (and each decoded token) over ``past`` with SDPA, the rows' weights recomputed from the same query and
-        keys (``attention.capture_rows``; equal to transformers' eager ``output_attentions``). Text LLM families only (those with ``recompute``). With
-        ``return_kv=True`` returns ``(weights, kv)``: ``past`` followed by the query's KV from that forward, in the
+        keys (``attention.capture_rows``; equal to transformers' eager ``output_attentions``). Text LLM families
+        only (those with ``recompute``). With ``return_kv=True`` returns ``(weights, kv)``: ``past`` followed by the query's KV from that forward, in the
         tensors transformers built for it (no copy: the caller may write into them).
         """
         if not self.supports_recompute:
