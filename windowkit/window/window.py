@@ -567,13 +567,17 @@ class Window:
         keep = common_prefix(self._read_ids, ids)
         return sum(len(e.chunk) for e in list(self._entries)[keep:])
 
-    def _assemble(self) -> Optional[ChunkKV]:
+    def _assemble(self, then: Optional[ChunkKV] = None) -> Optional[ChunkKV]:
+        """The window's KV as one ChunkKV, followed by ``then`` (e.g. a query's KV) in the same single copy."""
         self._settle()
         if self.mode == "exact":
-            return self._exact_kv()
+            kv = self._exact_kv()
+            return kv if then is None else concat([kv, then])
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
         for e, s in zip(self._entries, self.starts()):
             parts.append(self._kv_at(e, s))
+        if then is not None:
+            parts.append(then)
         return concat(parts) if parts else None
 
     def _query_past(self) -> Optional[ChunkKV]:
@@ -701,16 +705,17 @@ class Window:
             n = min(n, self._focus_allowance(len(q), probe))
         if n < (1 if tokens is not None else self.FOCUS_MIN):  # the rule's own focus skips a probe worth too little
             return 0, ((ridden[0], ridden[1], None) if ridden is not None else None)
-        past = self._assemble()
         at = self.next_position
         if ridden is not None:  # the query's row came with it; the lookahead token's row is one more token's forward
-            full = concat([past, ridden[1]])
+            full = self._assemble(then=ridden[1])  # the window and the query, one copy
+            n_win = full.num_tokens - len(q)
             nxt = Chunk.text(ridden[0].argmax().reshape(1), id="__look__")
-            att = ridden[2][:past.num_tokens]
+            att = ridden[2][:n_win]
             if look:
-                att = (att + self.backend.query_attention(full, nxt, at + len(q))[:past.num_tokens]) / 2
+                att = (att + self.backend.query_attention(full, nxt, at + len(q))[:n_win]) / 2
                 self.backend.forget(nxt)
         else:
+            past = self._assemble()
             att, full = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
         top = att[pool].topk(n).indices.sort().values
         picked: dict[int, list[int]] = {}
@@ -1464,7 +1469,7 @@ class Window:
         t0 = time.perf_counter()
         probe = probe and query is not None
         out = self.backend.recompute(concat(parts) if parts else None, chunks, at, offsets,
-                                     return_logits=query is not None, **({"probe": True} if probe else {}))
+                                     return_logits=query is not None, probe=probe)
         fresh, logits = (out[0], out[1]) if query is not None else (out, None)
         repaired, admitted = sum(k for _, k in pairs), sum(x.n for x in entries[t:])
         self.stats.forwards += 1
