@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "windowkit"
@@ -63,10 +63,13 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
         out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kw)
     if _rows is not None:
         r = min(_want, query.shape[2])
-        q = query[0, :, -r:].float()  # [H, r, D]
-        k = repeat_kv(key, query.shape[1] // key.shape[1])[0].float()  # [H, T, D]
-        s = (q @ k.transpose(-1, -2)) * (scaling if scaling is not None else q.shape[-1] ** -0.5)  # [H, r, T]
+        h, h_kv, d = query.shape[1], key.shape[1], query.shape[3]
+        # grouped heads without repeat_kv's copy of every key: query head i reads kv head i // (h / h_kv)
+        q = query[0, :, -r:].float().reshape(h_kv, (h // h_kv) * r, d)  # [H_kv, group * r, D]
+        k = key[0].float()  # [H_kv, T, D]
         t = k.shape[1]
+        s = (q @ k.transpose(-1, -2)).reshape(h, r, t)  # [H, r, T]
+        s = s * (scaling if scaling is not None else d ** -0.5)
         if attention_mask is None:  # SDPA's causal path: query row i of Lq sits at key index t - Lq + i
             seen = torch.arange(t, device=s.device)[None] <= torch.arange(t - r, t, device=s.device)[:, None]
             s = s.masked_fill(~seen, float("-inf"))
