@@ -2,7 +2,9 @@
 
     PYTHONPATH=. .venv/bin/python bench/bench_repair.py --json bench/results/repair.json --md bench/results/repair.md
 
-The probe of /work/shared/notes/real-model.md, run through the Window itself: a system prompt (the Window's
+An earlier hand-run probe of selective recompute (SmolLM2, short records behind a system prompt: after a head
+eviction, how much of the survivors' KV must be recomputed to match an exact re-prefill; docs/window.md, "Survivor
+repair on real weights"), run through the Window itself: a system prompt (the Window's
 fixed prefix), k chunks of short records (each record one fact with a number), evict the head, admit one
 new chunk, then one question asking for one number (rotating over a record in the first survivor, a middle
 survivor, the last survivor and the new chunk). Each chunk is one record padded with number-free filler sentences. Setting A: k=5

@@ -54,7 +54,9 @@ def main(argv=None) -> int:
     rows["plan() with 64 chunks"] = _us(win.plan, 2000)
     rows["graph.on_evict + on_recall (w10)"] = _us(lambda: (win.graph.on_evict("w10"), win.graph.on_recall("w10", win.ids)), 500)
     rows["graph.cascade preview (head chunk)"] = _us(lambda: win.graph.cascade("w0", win.ids), 500)
-    rows["store.get_patch hit (copy=False)"] = _us(lambda: store.get_patch(win._entries[5].key, win._entries[5].ctx, copy=False), 2000)
+    key5 = store.chunk_key(win.chunk("w5").content_hash())  # w5's store key and the context its KV was formed on
+    ctx5 = win.graph.current_patch("w5").ctx
+    rows["store.get_patch hit (copy=False)"] = _us(lambda: store.get_patch(key5, ctx5, copy=False), 2000)
     rows["store.has_canonical miss"] = _us(lambda: store.has_canonical("nope"), 2000)
     rows["Window.starts() (64)"] = _us(win.starts, 2000)
 

@@ -8,11 +8,11 @@
 By default the long-video agent (agents/long_video.py) runs on a synthetic OpenCV video with the tiny random
 Qwen2.5-VL (or ``--model``, a local checkpoint), sliding a ``--window``-frame window with two look-backs, and
 ``TraceRecorder`` writes each step's window (frame and question chunks, their token counts) to ``--record``.
-``--trace`` skips the recording: a JSONL path, ``videotree[:N]`` or a generator name (``sliding-3``,
-``grow-interleave``, ``append-zoom``, ``random-lookback``). The trace is then replayed with
-``windowkit.trace.simulate`` under ``--profile`` (default ``h100-kamera``): full recompute, prefix/radix cache,
-blind reuse, token blending and a windowkit Window on the cost-model backend. Prints the totals table and the
-ratios; ``--out DIR`` writes the report there (summary.json, plots, report.html; docs/report.md). The costs are *modeled* from the profile; the recorded token counts are the model's own.
+``--trace`` skips the recording: a JSONL path, ``videotree[:N]`` or a generator name (``windowkit.trace.GENERATORS``;
+``--help`` lists them). The trace is then replayed with ``windowkit.trace.simulate`` under ``--profile`` (default
+``h100-kamera``) through the strategies of ``windowkit.trace.STRATEGIES`` (``--help`` lists them and the default
+set: full recompute, prefix/radix cache, blind reuse, token blending, a windowkit Window on the cost-model backend
+and the trace's floor). Prints the totals table and the ratios; ``--out DIR`` writes the report there (summary.json, plots, report.html; docs/report.md). The costs are *modeled* from the profile; the recorded token counts are the model's own.
 """
 from __future__ import annotations
 
@@ -68,12 +68,18 @@ def write_out(res, trace, out_dir: str) -> None:
 
 
 def main(argv=None) -> int:
+    from windowkit.errors import WindowkitError
+    from windowkit.trace import GENERATORS, STRATEGIES, read_trace, simulate
+    from windowkit.trace.cli import load_trace_arg
+    from windowkit.trace.run import DEFAULT_STRATEGIES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=None, metavar="PATH|videotree:N|sliding-3",
-                    help="replay this trace instead of recording one from the long-video agent")
+                    help="replay this trace instead of recording one from the long-video agent: a JSONL path, "
+                         "videotree[:N], videotree-set[:N] or a generator: " + ", ".join(GENERATORS))
     ap.add_argument("--profile", default="h100-kamera", help="cost profile name or JSON path (default h100-kamera)")
-    ap.add_argument("--strategy", action="append", default=None,
-                    help="strategy to replay (repeatable; default: recompute radix blind blend windowkit)")
+    ap.add_argument("--strategy", action="append", default=None, choices=list(STRATEGIES),
+                    help=f"strategy to replay (repeatable; default: {' '.join(DEFAULT_STRATEGIES)})")
     ap.add_argument("--max-steps", type=int, default=None, help="replay only the first steps")
     ap.add_argument("--out", default=None, metavar="DIR", help="write summary.json (and the report, if available)")
     rec = ap.add_argument_group("recording (when --trace is not given)")
@@ -89,14 +95,6 @@ def main(argv=None) -> int:
     rec.add_argument("--rank", type=int, default=32, help="patch rank m")
     rec.add_argument("--threads", type=int, default=1, help="torch threads")
     args = ap.parse_args(argv)
-
-    from windowkit.errors import WindowkitError
-    from windowkit.trace import read_trace, simulate
-    from windowkit.trace.simulate import STRATEGIES, load_trace_arg
-
-    bad = [s for s in args.strategy or [] if s not in STRATEGIES]
-    if bad:
-        ap.error(f"unknown strategy {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
     try:
         with tempfile.TemporaryDirectory(prefix="wk-trace-") as tmp:
             if args.trace is None:

@@ -1,7 +1,7 @@
 """Policies: pure functions of state + costs that decide what the window and the store do.
 
-    from policies import LRU, make_eviction_policy
-    store = ChunkStore(budget_bytes=1 << 30, policy=make_eviction_policy("lfu"))
+    from policies import make_eviction_policy
+    store = ChunkStore(budget_bytes=1 << 30, policy=make_eviction_policy("lfu"))   # = ChunkStore(..., policy="lfu")
 
 Layering: this package depends on windowkit and windowkit never imports it. The eviction protocol, the
 store's default ``LRU`` and the registries live in windowkit (``windowkit.store.eviction``,
@@ -77,4 +77,6 @@ def _register() -> None:
 
 _register()
 
-__all__ = _EVICTION_EXPORTS + _PLACEMENT_EXPORTS
+# the public names (docs/api.md): the bases a policy author subclasses and the makers by name; every other name
+# above (LRU, OrbitSet, PLACEMENTS, ...) stays importable from here and from its module
+__all__ = ["EvictionPolicy", "PlacementPolicy", "RefreshPolicy", "make_eviction_policy", "make_placement", "make_refresh"]

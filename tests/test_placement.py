@@ -394,3 +394,17 @@ def test_simulate_module_keeps_every_name_it_had() -> None:
     for name, mod in homes.items():
         assert getattr(sim, name) is getattr(mod, name), name
     assert simulate_function is run.simulate  # the package's ``simulate`` is the function, not the module
+
+
+def test_compare_placements_runs_every_registered_placement_by_default() -> None:
+    """The default set is the registry's (``windowkit.registry.names("placement")``), not a list written by hand."""
+    import inspect
+
+    from windowkit.registry import names
+    from windowkit.trace.generators import GENERATORS
+    from windowkit.trace.placement import compare_placements
+
+    assert inspect.signature(compare_placements).parameters["placements"].default is None
+    rows = compare_placements(GENERATORS["grow-interleave-set-small"](episodes=2), profile="cpu-tiny",
+                              strategies=("radix",))
+    assert list(rows["placements"]) == names("placement")

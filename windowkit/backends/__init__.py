@@ -2,4 +2,5 @@
 from windowkit.backends.base import Backend, BackendStats, ForwardResult
 from windowkit.backends.hf import HFBackend
 
-__all__ = ["Backend", "BackendStats", "ForwardResult", "HFBackend"]
+# the public names (docs/api.md); the others imported above stay importable from here and from their modules
+__all__ = ["Backend", "HFBackend"]

@@ -24,4 +24,6 @@ from windowkit.store.cold import ColdTierConfig
 from windowkit.store.keys import chunk_key, conditioned_key, context_hash, context_root, context_step, orbit_context_hash
 from windowkit.store.store import ChunkStore, StoreStats
 
-__all__ = ["EmbeddedBackend", "StoreBackend", "context_root", "context_step", "ChunkStore", "ColdTierConfig", "StoreStats", "chunk_key", "conditioned_key", "context_hash", "orbit_context_hash"]
+# the public names (docs/api.md); the others imported above stay importable from here and from their modules
+__all__ = ["ChunkStore", "ColdTierConfig", "StoreBackend", "EmbeddedBackend", "chunk_key", "context_hash",
+           "orbit_context_hash"]

@@ -1,7 +1,7 @@
 """windowkit.trace: agent access traces, cost profiles, a cost-model backend and the simulator.
 
-    from windowkit.trace import load_videotree, sliding_window, simulate
-    res = simulate(sliding_window(steps=100, k=3), "h100-kamera")
+    from windowkit.trace import GENERATORS, load_videotree, simulate
+    res = simulate(GENERATORS["sliding-3"](), "h100-kamera")     # or a recorded trace: read_trace("run.jsonl")
     print(res.table()); res.summary()["ratios"]
 
 The Window itself is imported only when a windowkit strategy runs.
@@ -18,7 +18,6 @@ from windowkit.trace.simulate import STRATEGIES, SimResult, StepCost, resolve_or
 from windowkit.trace.videotree import load_videotree
 
 
-__all__ = ["ChunkRef", "Step", "Trace", "iter_steps", "read_trace", "write_trace", "TraceRecorder", "load_videotree",
-           "sliding_window", "grow_interleave", "append_zoom", "random_lookback", "GENERATORS", "CostProfile",
-           "load_profile", "available_profiles", "CostModelBackend", "CostLedger", "simulate", "SimResult",
-           "StepCost", "STRATEGIES", "resolve_orders"]
+# the public names (docs/api.md); the others imported above stay importable from here and from their modules
+__all__ = ["ChunkRef", "Step", "Trace", "read_trace", "write_trace", "TraceRecorder", "load_videotree", "GENERATORS",
+           "load_profile", "CostModelBackend", "simulate", "SimResult", "STRATEGIES"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
 
+from windowkit.registry import names
 from windowkit.trace.costs import CostProfile, load_profile
 from windowkit.trace.orders import resolve_placement
 from windowkit.trace.run import simulate
@@ -17,18 +18,21 @@ from windowkit.trace.schema import Step, Trace
 from windowkit.trace.strategies import Strategy
 
 
-def compare_placements(trace: Union[Trace, Sequence[Step]], placements: Sequence[Any] = ("listed", "arrival", "greedy",
-                                                                                        "orbit", "optimal"),
+def compare_placements(trace: Union[Trace, Sequence[Step]], placements: Optional[Sequence[Any]] = None,
                        profile: Union[str, CostProfile] = "h100-kamera",
                        strategies: Optional[Sequence[Union[str, Strategy]]] = ("radix", "blind", "windowkit"),
                        **kw: Any) -> dict:
     """Run ``trace`` once per placement; per placement: every strategy's totals, the placement model's cost
     (``policies.placement.PatchHitCost``) and the policy's counters. A placement whose orders equal an
-    earlier one's is not replayed again (``same_orders_as`` names it). ``kw`` goes to ``simulate``.
+    earlier one's is not replayed again (``same_orders_as`` names it). ``placements`` defaults to every
+    registered placement, in the registry's order (``windowkit.registry.names("placement")``: listed, arrival,
+    greedy, orbit, optimal). ``kw`` goes to ``simulate``.
 
         rows = compare_placements(grow_interleave_set(episodes=20), profile="cpu-tiny")
         print(placement_table(rows))
     """
+    if placements is None:
+        placements = names("placement")
     prof = load_profile(profile)
     steps = list(trace)
     name = getattr(trace, "name", "") or "trace"

@@ -2,4 +2,5 @@
 from windowkit.window.config import WindowConfig
 from windowkit.window.window import FIDELITY, Edit, Mode, RepairRule, Window, WindowStats
 
-__all__ = ["Window", "WindowConfig", "WindowStats", "Edit", "Mode", "RepairRule", "FIDELITY"]
+# the public names (docs/api.md); the others imported above stay importable from here and from their modules
+__all__ = ["Window", "WindowConfig", "RepairRule"]

@@ -3,7 +3,7 @@
 Importing this package does not import sglang; only the pool calls touch sglang objects. The linker
 (``windowkit.backends.sglang.linker``) and the plugin (``.plugin``) import sglang and are loaded by SGLang.
 
-    from windowkit.backends.sglang import SGLangKVPool
+    from windowkit.backends.sglang.pool import SGLangKVPool
     io = SGLangKVPool.from_config(token_to_kv_pool, backend.layout, model.config, tp_rank=r, tp_size=n)
     io.write(kv, loc)
 
@@ -15,6 +15,5 @@ from windowkit.backends.sglang.backend import SGLangBackend, linker_config, plan
 from windowkit.backends.sglang.plan import PLAN_KEY, Segment, WindowPlan, derive_cache_salt
 from windowkit.backends.sglang.pool import SGLangKVPool, slots_for_pages, standalone_parallel
 
-__all__ = ["SGLangBackend", "plan_request", "linker_config", "WindowPlan", "Segment", "PLAN_KEY",
-           "derive_cache_salt", "SGLangKVPool", "slots_for_pages", "standalone_parallel", "convert_pairing",
-           "half_to_interleaved", "interleaved_to_half", "kv_heads_for_rank", "repair"]
+# the public names (docs/api.md); the others imported above stay importable from here and from their modules
+__all__ = ["SGLangBackend"]

@@ -8,4 +8,6 @@
 from windowkit.models.binding.model import build, config, load
 from windowkit.models.binding.task import make_item
 
-__all__ = ["build", "config", "load", "make_item"]
+# not part of the documented surface (docs/api.md): a research model, loaded by name through
+# ``windowkit.models.load.load_model``; the names above stay importable from here and from their modules
+__all__: list[str] = []
