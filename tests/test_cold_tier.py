@@ -213,6 +213,7 @@ def test_budget_never_exceeded_with_tier_on(tier: str, tmp_path: Path) -> None:
                 del pinned[key]
         elif op == "compress" and store.has_canonical(key):
             store.compress(key)
+        store.check_integrity()
         assert store.nbytes <= budget, step
         assert store.nbytes == sum(store.policy.size_of(e) for e in store._entries)
         assert all(store.has_canonical(k) for k in held)  # pinned entries are never evicted

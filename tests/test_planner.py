@@ -121,6 +121,11 @@ class _WindowMachine(RuleBasedStateMachine):
             p += e.span
         assert win.next_position == p
 
+    @invariant()
+    def store_accounting(self):
+        if getattr(self, "win", None) is not None and self.win.store is not None:
+            self.win.store.check_integrity()  # tiers, policy and pin ledger agree after every rule
+
 
 class CostMachine(_WindowMachine):
     """Default Window (lazy, balanced, capped) on the cost-model backend, with a bounded store."""

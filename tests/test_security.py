@@ -422,7 +422,7 @@ def test_disk_tier_entries_are_authenticated_and_folders_bound_to_key_and_domain
     for i, k in enumerate(keys):
         s.put_canonical(k, rand_kv(i), {"i": i})
     s.put_patch("k0", "ctx", rand_patch(0))
-    rows = {eid[1] + eid[2]: e.row for eid, e in s._entries.items()}
+    rows = {eid[1] + eid[2]: s._disk.row(eid) for eid in s._entries}
     s.close()
     s = ChunkStore(path, model_fingerprint=FP, layout=LAYOUT, auth_key=KEY, cache_salt="tenant-a", memory_budget_bytes=0)
     assert same_kv(s.get_canonical("k1"), rand_kv(1)) and same_patch(s.get_patch("k0", "ctx"), rand_patch(0))
@@ -552,7 +552,7 @@ def test_hostile_disk_files_are_never_served_with_a_key(tmp_path_factory, how, a
     path = tmp_path_factory.mktemp("fuzz-disk")
     s = ChunkStore(path, model_fingerprint=FP, layout=LAYOUT, auth_key=KEY, memory_budget_bytes=0, on_corrupt="miss")
     s.put_canonical("k", rand_kv(0))
-    f = path / "objects" / s._entries[("c", "k", "")].row.file
+    f = path / "objects" / s._disk.row(("c", "k", "")).file
     good = f.read_bytes()
     if how == "flip":
         b = bytearray(good)

@@ -318,6 +318,7 @@ def run_ops(store: ChunkStore, ops) -> None:
             store.drop(k)
             for e in [e for e in expected if e[1] == k]:
                 del expected[e]
+        store.check_integrity()  # the store's own accounting invariants (tiers, policy, pin ledger, budget)
         assert store.nbytes <= BUDGET
         present = {e for e in expected if _present(store, e)}
         assert len(store) == len(present)  # nothing unexpected is stored

@@ -228,10 +228,10 @@ class DiskTier:
         self._set_meta("layout", layout_to_json(layout))
         self.layout = layout
 
-    def load_rows(self) -> tuple[list[Row], int]:
+    def load_rows(self) -> tuple[list[Row], list[EntryId]]:
         """Index rows in write order, after dropping rows whose file is missing or has the wrong size and
-        deleting files no row names (temp files and crash leftovers). Returns (rows, rows dropped)."""
-        rows, dropped = [], 0
+        deleting files no row names (temp files and crash leftovers). Returns (rows, ids of the rows dropped)."""
+        rows, dropped = [], []
         for kind, key, ctx, file, sha, fbytes, nbytes, meta, seq in self.db.execute(
                 "SELECT kind, key, ctx, file, sha256, file_bytes, nbytes, meta, seq FROM entries ORDER BY seq"):
             rows.append(Row((kind, key, ctx), file, sha, int(fbytes), int(nbytes), json.loads(meta), int(seq)))
@@ -245,7 +245,7 @@ class DiskTier:
                 keep.append(r)
             else:
                 self.delete(r)
-                dropped += 1
+                dropped.append(r.eid)
         named = {r.file for r in keep}
         for f in self.objects.iterdir():
             if f.name not in named:

@@ -38,9 +38,10 @@ Key = Hashable
 
 
 class EvictionPolicy(ABC):
-    """Victim order over keys. Subclasses implement the five abstract methods; pin state lives here.
+    """Victim order over keys. Subclasses implement the five abstract methods; pin state is read here.
 
-    The sizes, the pins and the byte total are kept here, and every public method checks its key before
+    The sizes and the byte total are kept here, the pins in a ``PinLedger`` (the policy's own, or the cache's
+    after ``use_pins``: then the cache's ledger is the only one), and every public method checks its key before
     calling a hook: ``touch`` / ``remove`` / ``pin`` / ``unpin`` of an unknown key raise ``KeyError``, a negative
     size raises ``PolicyError`` (a ``ValueError``). A pinned key is out of the victim order until unpinned.
 
@@ -53,8 +54,23 @@ class EvictionPolicy(ABC):
 
     def __init__(self) -> None:
         self._sizes: dict[Key, int] = {}
-        self._pinned: set[Key] = set()
+        self._pins = PinLedger(counted=False)  # its own until a cache binds its ledger (``use_pins``)
+        self._owns_pins = True
         self._nbytes = 0
+
+    def use_pins(self, ledger: "PinLedger") -> None:
+        """Read pins from ``ledger`` (the cache's; the chunk store's) instead of keeping a ledger: the policy
+        then holds no pin state of its own. ``pin`` / ``unpin`` write to that ledger, ``remove`` leaves a key's
+        pins there (the cache's pins may outlive and precede its entries) and ``insert`` of a key the ledger
+        pins takes it out of the victim order at once. Only on a fresh policy."""
+        if self._sizes or len(self._pins):
+            raise PolicyError(f"use_pins on a policy that already tracks keys: {self!r}")
+        self._pins, self._owns_pins = ledger, False
+
+    @property
+    def _pinned(self) -> "PinLedger":
+        """The pin ledger (``key in self._pinned``: whether a key is pinned), read by subclasses."""
+        return self._pins
 
     # ---------------------------------------------------------------- contract
     @abstractmethod
@@ -85,14 +101,15 @@ class EvictionPolicy(ABC):
     def insert(self, key: Key, nbytes: int) -> None:
         if nbytes < 0:
             raise PolicyError(f"nbytes must be >= 0, got {nbytes}")
-        pinned = key in self._pinned
+        pinned = key in self._pins
         if key in self._sizes:  # replacing: a fresh entry, but a pin stays a pin
             self.remove(key)
         self._sizes[key] = int(nbytes)
         self._nbytes += int(nbytes)
+        if pinned and self._owns_pins:  # ``remove`` cleared our own ledger's pin
+            self._pins.pin(key)
         self._on_insert(key)
         if pinned:
-            self._pinned.add(key)
             self._on_pin(key)
 
     def touch(self, key: Key) -> None:
@@ -105,7 +122,8 @@ class EvictionPolicy(ABC):
             raise KeyError(key)
         self._on_remove(key, evicted)
         self._nbytes -= self._sizes.pop(key)
-        self._pinned.discard(key)
+        if self._owns_pins:
+            self._pins.clear(key)
 
     def discard(self, key: Key) -> None:
         """``remove`` that ignores unknown keys."""
@@ -113,25 +131,26 @@ class EvictionPolicy(ABC):
             self.remove(key)
 
     def pin(self, key: Key) -> None:
+        """Pin a known key (with a bound ledger: one more pin there; the victim order changes on the first)."""
         if key not in self._sizes:
             raise KeyError(key)
-        if key not in self._pinned:
-            self._pinned.add(key)
+        if self._pins.pin(key):
             self._on_pin(key)
 
     def unpin(self, key: Key) -> None:
+        """Release a pin of a known key (a no-op when unpinned); the victim order changes on the last."""
         if key not in self._sizes:
             raise KeyError(key)
-        if key in self._pinned:
-            self._pinned.discard(key)
+        if self._pins.unpin(key):
             self._on_unpin(key)
 
     def is_pinned(self, key: Key) -> bool:
-        return key in self._pinned
+        return key in self._sizes and key in self._pins
 
     @property
     def pinned(self) -> frozenset:
-        return frozenset(self._pinned)
+        """The tracked keys that are pinned."""
+        return frozenset(k for k in self._pins if k in self._sizes)
 
     @property
     def nbytes(self) -> int:
@@ -148,7 +167,56 @@ class EvictionPolicy(ABC):
         return key in self._sizes
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(keys={len(self)}, pinned={len(self._pinned)}, nbytes={self._nbytes})"
+        return f"{type(self).__name__}(keys={len(self)}, pinned={len(self.pinned)}, nbytes={self._nbytes})"
+
+
+class PinLedger:
+    """Pins per key: the one record of what a cache must not evict. ``counted=True`` (the chunk store's): pins
+    count (pin twice, unpin twice) and may name keys the cache does not hold (yet). ``counted=False`` (a
+    policy's own): a set, pinning twice is one pin.
+
+        pins = PinLedger(); pins.pin("a"); pins.pin("a")
+        assert pins.unpin("a") is False and pins.unpin("a") is True and "a" not in pins
+    """
+
+    def __init__(self, counted: bool = True) -> None:
+        self.counted = counted
+        self._n: dict[Key, int] = {}
+
+    def pin(self, key: Key) -> bool:
+        """One more pin; True when ``key`` was not pinned before."""
+        n = self._n.get(key, 0)
+        if n and not self.counted:
+            return False
+        self._n[key] = n + 1
+        return n == 0
+
+    def unpin(self, key: Key) -> bool:
+        """One pin less (a no-op if unpinned); True when that was its last pin."""
+        n = self._n.get(key, 0)
+        if n <= 1:
+            return self._n.pop(key, None) is not None
+        self._n[key] = n - 1
+        return False
+
+    def clear(self, key: Key) -> None:
+        """Forget every pin of ``key``."""
+        self._n.pop(key, None)
+
+    def count(self, key: Key) -> int:
+        return self._n.get(key, 0)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._n
+
+    def __iter__(self):
+        return iter(list(self._n))
+
+    def __len__(self) -> int:
+        return len(self._n)
+
+    def __repr__(self) -> str:
+        return f"PinLedger({self._n!r})"
 
 
 class LRU(EvictionPolicy):
@@ -253,5 +321,5 @@ def make_eviction_policy(spec: PolicySpec = None) -> EvictionPolicy:
     raise PolicyTypeError(f"cannot make an eviction policy from {spec!r}")
 
 
-__all__ = ["EvictionPolicy", "LRU", "EVICTION_POLICIES", "PolicySpec", "register_eviction", "eviction_policy",
-           "eviction_names", "make_eviction_policy"]
+__all__ = ["EvictionPolicy", "LRU", "PinLedger", "EVICTION_POLICIES", "PolicySpec", "register_eviction",
+           "eviction_policy", "eviction_names", "make_eviction_policy"]

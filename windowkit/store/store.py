@@ -16,7 +16,8 @@
 
 Tiers: without ``path`` the store is memory only. With ``path`` the disk tier holds every entry and is
 the one the budget bounds; memory is a write-through LRU cache in front of it, bounded by
-``memory_budget_bytes`` (default: the store budget; 0 turns the cache off).
+``memory_budget_bytes`` (default: the store budget; 0 turns the cache off). Each tier is a ``Tier`` object
+(``windowkit.store.tiers``); this module is the accounting core over them (docs/store.md, "Tiers").
 
 Budget: an entry's size is the bytes of the tensors it stores (``ChunkKV.nbytes`` plus its positions, if
 any; ``Patch.nbytes``); ``store.nbytes`` never exceeds ``budget_bytes``. A put evicts the policy's victims
@@ -48,33 +49,29 @@ and the next get is a plain miss, so the caller recomputes and puts again.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Literal, Optional
+from typing import Literal, Optional
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
-from windowkit.errors import (AuthKeyError, ChunkNotFoundError, KVShapeError, SharedStoreError, StoreAuthError,
-                              StoreCorruptError, WindowkitError)
+from windowkit.errors import ChunkNotFoundError, KVShapeError, StoreCorruptError, WindowkitError
 from windowkit.kv.layout import ChunkKV, KVLayout
 from windowkit.kv.patch import Patch
 from windowkit.store import cold as _cold
+from windowkit.store.auth import EntryAuth, KeySpec, as_auth
+from windowkit.store.backend import StoreBackend
 from windowkit.store.cold import ColdTierConfig
-from windowkit.store.auth import EntryAuth, KeySpec, as_auth, domain_tag, warn_unauthenticated
-from windowkit.store.backend import EmbeddedBackend, StoreBackend
-from windowkit.store.eviction import LRU, EvictionPolicy, PolicySpec, make_eviction_policy
-from windowkit.store.disk import AuthFailed, CorruptEntry, DiskTier, EntryId, Row, _header_metadata, layout_from_json, layout_to_json
+from windowkit.store.disk import AuthFailed, CorruptEntry, DiskTier, EntryId
+from windowkit.store.eviction import EvictionPolicy, PinLedger, PolicySpec, make_eviction_policy
 from windowkit.store.keys import chunk_key
-
-CANONICAL, PATCH = "c", "p"
-_PATCH_PREFIX = "patch."  # Patch.to_tensors() metadata, namespaced in the file header
+from windowkit.store.tiers import (CANONICAL, PATCH, ColdTier, DiskEntries, MemoryTier, Payload, SharedFault,
+                                   SharedTier, Tier, open_backend, shared_key, tensor_bytes)
 
 Tensors = dict[str, torch.Tensor]
+_UNDECODABLE = (KeyError, ValueError, TypeError)  # a payload that does not rebuild (KVShapeError is a ValueError)
 
 
 @dataclass
@@ -113,13 +110,6 @@ class StoreStats:
 class _Entry:
     nbytes: int
     meta: dict
-    row: Optional[Row] = None  # where it lives on disk (None for a memory-only store)
-
-
-@dataclass
-class _Payload:
-    tensors: Tensors
-    patch_meta: Optional[dict[str, str]]  # None for canonicals
 
 
 class ChunkStore:
@@ -152,6 +142,11 @@ class ChunkStore:
         store = ChunkStore(budget_bytes=1 << 20)
         store.put_canonical("k", kv)
         assert torch.equal(store.get_canonical("k").layers[0][0], kv.layers[0][0])
+
+    Structure (docs/store.md, "Tiers"): the store is an accounting core over ``Tier`` objects
+    (``windowkit.store.tiers``): memory, disk, cold and shared. The core keeps the entry table, the budget,
+    the pin ledger (``PinLedger``; the eviction policy reads it, ``EvictionPolicy.use_pins``), the policy
+    calls and the stats, and drops every entry a tier reports corrupt through one method (``_corrupt``).
     """
 
     def __init__(self, path: str | os.PathLike | None = None, budget_bytes: Optional[int] = None,
@@ -182,28 +177,38 @@ class ChunkStore:
         self._lock = threading.RLock()  # background encoders may put while the window reads
         self._entries: dict[EntryId, _Entry] = {}
         self._by_key: dict[str, set[EntryId]] = {}
-        self._pins: dict[EntryId, int] = {}
-        self._mem: dict[EntryId, _Payload] = {}
-        self._disk: Optional[DiskTier] = None
-        self._mem_policy: Optional[LRU] = None
-        self._mem_budget: Optional[int] = None
+        self._pins = PinLedger()  # the one pin ledger: counted, and pins may precede the put they protect
+        self._policy.use_pins(self._pins)
         self._model_fingerprint = model_fingerprint
         self._layout = layout
-        if path is not None:
-            self._disk = DiskTier(path, model_fingerprint, layout, auth=self._auth, domain=self.cache_salt)
-            self._model_fingerprint, self._layout = self._disk.model_fingerprint, self._disk.layout
-            self._mem_policy = LRU()
-            self._mem_budget = budget_bytes if memory_budget_bytes is None else memory_budget_bytes
-            rows, dropped = self._disk.load_rows()
-            self.stats.corrupt_dropped += dropped
-            for row in rows:  # write order stands in for recency: access order is not persisted
-                self._add_entry(row.eid, _Entry(row.nbytes, row.meta, row))
+        self._disk: Optional[DiskEntries] = None
+        self.shared: Optional[StoreBackend] = None
+        self._shared: Optional[SharedTier] = None
+        self._owns_shared = False
+        if path is None:
+            self._memory = MemoryTier()
+        else:
+            disk = DiskTier(path, model_fingerprint, layout, auth=self._auth, domain=self.cache_salt)
+            self._model_fingerprint, self._layout = disk.model_fingerprint, disk.layout
+            self._disk = DiskEntries(disk)
+            self._memory = MemoryTier(budget_bytes if memory_budget_bytes is None else memory_budget_bytes,
+                                      cache=True, on_evict=self._memory_evicted)
+        self._home: Tier = self._disk if self._disk is not None else self._memory  # holds every entry
+        self._cold = ColdTier(self._home, cold)
+        self._local: tuple[Tier, ...] = (self._memory, self._cold) + ((self._disk,) if self._disk is not None else ())
+        if self._disk is not None:
+            rows, dropped = self._disk.load()
+            for eid in dropped:  # file missing or of the wrong size (the disk tier deleted the row)
+                self._corrupt(self._disk, eid, CorruptEntry("file missing or of the wrong size"))
+            for eid, nbytes, meta in rows:  # write order stands in for recency: access order is not persisted
+                self._add_entry(eid, _Entry(nbytes, meta))
             if budget_bytes is not None:  # reopened with a smaller budget: shrink now
                 self._make_room(0, budget_bytes)
-        self.shared: Optional[StoreBackend] = None
-        self._owns_shared = False
-        if shared is not None:
-            self._attach_shared(shared)
+        if shared is not None:  # open_backend warns with stacklevel=4: keep it called from here
+            self.shared, self._owns_shared = open_backend(shared, self._model_fingerprint, self._auth)
+            self._shared = SharedTier(self.shared, model_fingerprint=self._model_fingerprint, salt=self.cache_salt,
+                                      layout=lambda: self._layout,
+                                      adopt_layout=lambda layout: self._check_layout(layout, "shared entry"))
 
     # ---------------------------------------------------------------- facts
     @property
@@ -216,7 +221,7 @@ class ChunkStore:
 
     @property
     def path(self) -> Optional[str]:
-        return None if self._disk is None else str(self._disk.path)
+        return None if self._disk is None else str(self._disk.disk.path)
 
     @property
     def policy(self) -> EvictionPolicy:
@@ -230,7 +235,7 @@ class ChunkStore:
     @property
     def memory_nbytes(self) -> int:
         """Payload bytes held in memory (equals ``nbytes`` for a memory-only store)."""
-        return self._policy.nbytes if self._mem_policy is None else self._mem_policy.nbytes
+        return self._memory.nbytes
 
     @property
     def pinned_nbytes(self) -> int:
@@ -289,10 +294,10 @@ class ChunkStore:
 
     def entry_path(self, key: str, ctx: Optional[str] = None) -> Optional[str]:
         """The file holding an entry (None for a memory-only store); ChunkNotFoundError if absent."""
-        e = self._entries.get(_eid(key, ctx))
-        if e is None:
+        eid = _eid(key, ctx)
+        if eid not in self._entries:
             raise ChunkNotFoundError(f"no {'patch' if ctx is not None else 'canonical'} for chunk key {key!r}")
-        return None if e.row is None or self._disk is None else str(self._disk.objects / e.row.file)
+        return None if self._disk is None else self._disk.file_of(eid)
 
     # ---------------------------------------------------------------- put
     def put_canonical(self, key: str, kv: ChunkKV, meta: Optional[dict] = None) -> bool:
@@ -321,10 +326,11 @@ class ChunkStore:
         meta = _check_meta(meta)
         # a private copy: the caller may edit its tensors in place later (the store is content-addressed)
         tensors = {k: t.detach().clone(memory_format=torch.contiguous_format) for k, t in tensors.items()}
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())  # KV + positions, if any
-        if write_through and self.shared is not None:  # outside the lock: a network call
+        payload = Payload(tensors, patch_meta, tensor_bytes(tensors))  # KV + positions, if any
+        nbytes = payload.nbytes
+        if write_through and self._shared is not None:  # outside the lock: a network call
             self._check_open()
-            self._shared_put(eid, tensors, patch_meta, meta, nbytes)
+            self._shared_put(eid, payload, meta)
         with self._lock:
             self._check_open()
             budget = self.budget_bytes
@@ -340,13 +346,10 @@ class ChunkStore:
                 self._remove(eid, evicted=False)
             if budget is not None:
                 self._make_room(nbytes, budget)
-            row = None
             if self._disk is not None:
-                header = {_PATCH_PREFIX + k: v for k, v in (patch_meta or {}).items()}
-                row = self._disk.write(eid, tensors, header, nbytes, meta)
-                self.stats.disk_bytes_written += row.file_bytes
-            self._add_entry(eid, _Entry(nbytes, meta, row))
-            self._cache(eid, _Payload(tensors, patch_meta), nbytes)
+                self.stats.disk_bytes_written += self._disk.put(eid, payload, meta)
+            self._add_entry(eid, _Entry(nbytes, meta))
+            self._memory.put(eid, payload, meta)
             self.stats.bytes_written += nbytes
             return True
 
@@ -369,7 +372,7 @@ class ChunkStore:
         return self._get(_eid(key, ctx), device, copy)  # type: ignore[return-value]
 
     def _get(self, eid: EntryId, device, copy: bool) -> ChunkKV | Patch | None:
-        if self.shared is not None and eid not in self._entries:
+        if self._shared is not None and eid not in self._entries:
             obj = self._shared_get(eid)  # outside the lock; kept locally on a hit
             if obj is None:
                 return None
@@ -380,34 +383,20 @@ class ChunkStore:
             if e is None:
                 self.stats.misses += 1
                 return None
-            payload = self._mem.get(eid)
+            payload = self._memory.get(eid)
             if payload is not None:
-                if self._mem_policy is not None:
-                    self._mem_policy.touch(eid)
+                if self._memory.is_cache:
                     self.stats.memory_hits += 1
                 obj = self._build(eid, payload)
-            else:  # disk tier: read, verify, rebuild; any failure drops the entry
+            else:  # the disk tier: read, verify, rebuild; any failure drops the entry
                 try:
-                    tensors, header, nread = self._disk.read(e.row)  # type: ignore[union-attr]
-                    self.stats.disk_reads += 1
-                    self.stats.disk_bytes_read += nread
-                    pm = {k[len(_PATCH_PREFIX):]: v for k, v in header.items() if k.startswith(_PATCH_PREFIX)}
-                    payload = _Payload(tensors, pm if eid[0] == PATCH else None)
+                    payload = self._read_disk(eid)
                     obj = self._build(eid, payload)
-                except AuthFailed:  # forged or replaced: never served, a counted miss (the caller recomputes)
-                    self._remove(eid, evicted=False)
-                    self.stats.auth_failures += 1
-                    self.stats.misses += 1
+                except (CorruptEntry, *_UNDECODABLE) as err:
+                    self._corrupt(self._disk, eid, err, miss=True, raises=True)  # type: ignore[arg-type]
                     return None
-                except (CorruptEntry, KVShapeError, KeyError, ValueError) as err:
-                    self._remove(eid, evicted=False)
-                    self.stats.corrupt_dropped += 1
-                    self.stats.misses += 1
-                    if self.on_corrupt == "raise":
-                        raise StoreCorruptError(f"store entry {eid[0]}/{eid[1]}/{eid[2]} dropped: {err}") from None
-                    return None
-                self._cache(eid, payload, e.nbytes)
-            aliased = eid in self._mem  # the object's tensors are the store's own (memory tier)
+                self._memory.put(eid, payload, e.meta)
+            aliased = eid in self._memory  # the object's tensors are the store's own (memory tier)
             self._policy.touch(eid)
             self.stats.hits += 1
             self.stats.bytes_read += e.nbytes
@@ -415,14 +404,52 @@ class ChunkStore:
             obj = obj.to(device=device)  # a no-op for tensors already there, so aliasing is checked below
         return _copy_aliased(obj, payload.tensors) if (copy and aliased) else obj
 
-    def _build(self, eid: EntryId, payload: _Payload) -> ChunkKV | Patch:
+    def _read_disk(self, eid: EntryId) -> Payload:
+        payload = self._disk.get(eid)  # type: ignore[union-attr]
+        assert payload is not None  # every entry is on the disk tier of a disk store
+        self.stats.disk_reads += 1
+        self.stats.disk_bytes_read += payload.read_bytes
+        return payload
+
+    def _build(self, eid: EntryId, payload: Payload) -> ChunkKV | Patch:
         if self._layout is None:  # pragma: no cover  (an entry implies a layout)
             raise KVShapeError("store has entries but no layout")
         if eid[0] == CANONICAL:
             if _cold.is_cold(payload.tensors):
-                return _cold.decompress_tensors(payload.tensors, self._layout)
+                return ColdTier.decode(payload.tensors, self._layout)
             return ChunkKV.from_tensors(payload.tensors, self._layout)
         return Patch.from_tensors(payload.tensors, payload.patch_meta or {}, self._layout)
+
+    # ---------------------------------------------------------------- corruption (the one path)
+    def _corrupt(self, tier: Tier, eid: EntryId, err: Exception, *, miss: bool = False, raises: bool = False,
+                 mac: bool = True) -> None:
+        """Every entry a tier reports corrupt (failed size / checksum / header check, undecodable) or forged
+        (``AuthFailed``: failed MAC) comes here. It is dropped (a local entry from every local tier and the
+        policy; a shared value from the backend, unless it removed it already: ``err.removed``) and counted:
+        ``auth_failures`` for a MAC, else ``corrupt_dropped`` (local) or ``shared_fallback_reasons["corrupt"]``
+        (shared; a MAC failure there counts ``["auth"]`` too). ``miss``: the drop answers a get (``misses``).
+        ``raises``: then a corrupt local entry raises ``StoreCorruptError`` when ``on_corrupt="raise"``; a
+        forged one never does (a counted miss: the caller recomputes). ``mac=False`` (compress, budget
+        pressure) treats a failed MAC as any corruption: counted in ``corrupt_dropped``, raised as such."""
+        auth = mac and isinstance(err, AuthFailed)
+        with self._lock:
+            if auth:
+                self.stats.auth_failures += 1
+            if tier is self._shared:
+                self._shared_fault("auth" if auth else "corrupt")
+                if not getattr(err, "removed", False):
+                    tier.remove(eid)
+            else:
+                if eid in self._entries:
+                    self._remove(eid, evicted=False)
+                else:
+                    tier.remove(eid)
+                if not auth:
+                    self.stats.corrupt_dropped += 1
+            if miss:
+                self.stats.misses += 1
+        if raises and not auth and tier is not self._shared and self.on_corrupt == "raise":
+            raise StoreCorruptError(f"store entry {eid[0]}/{eid[1]}/{eid[2]} dropped: {err}") from None
 
     # ---------------------------------------------------------------- cold tier
     def compress(self, key: str, config: Optional[ColdTierConfig] = None) -> int:
@@ -442,22 +469,18 @@ class ChunkStore:
                 raise ChunkNotFoundError(f"no canonical KV for chunk key {key!r} in the store")
             try:
                 return self._compress(eid, cfg)
-            except (CorruptEntry, KVShapeError, KeyError, ValueError) as err:
-                self._remove(eid, evicted=False)
-                self.stats.corrupt_dropped += 1
-                if self.on_corrupt == "raise":
-                    raise StoreCorruptError(f"store entry {eid[0]}/{eid[1]}/{eid[2]} dropped: {err}") from None
+            except (CorruptEntry, *_UNDECODABLE) as err:
+                self._corrupt(self._home, eid, err, raises=True, mac=False)
                 return 0
 
     def is_cold(self, key: str) -> bool:
         """Whether the canonical of ``key`` is stored cold (approximate); False if absent."""
-        e = self._entries.get(_eid(key, None))
-        return e is not None and _is_cold_meta(e.meta)
+        return _eid(key, None) in self._cold
 
     def cold_stats(self) -> dict:
         """Live cold entries: count, their bytes, the exact bytes they stand for and the bytes saved."""
         with self._lock:
-            cold = [e for (kind, _, _), e in self._entries.items() if kind == CANONICAL and _is_cold_meta(e.meta)]
+            cold = [self._entries[eid] for eid in self._cold]
             exact = sum(int(e.meta["cold"]["exact_bytes"]) for e in cold)
             held = sum(e.nbytes for e in cold)
             return {"entries": len(cold), "bytes": held, "exact_bytes": exact, "bytes_saved": exact - held}
@@ -465,37 +488,27 @@ class ChunkStore:
     def _compress(self, eid: EntryId, cfg: ColdTierConfig) -> int:
         """Replace an exact canonical by its cold form (same entry id). 0 if already cold or incompressible."""
         e = self._entries[eid]
-        if eid[0] != CANONICAL or _is_cold_meta(e.meta) or self._layout is None:
+        if eid[0] != CANONICAL or eid in self._cold or self._layout is None:
             return 0
-        payload = self._mem.get(eid)
+        payload = self._memory.peek(eid)
         if payload is None:
-            tensors, _, nread = self._disk.read(e.row)  # type: ignore[union-attr]
-            self.stats.disk_reads += 1
-            self.stats.disk_bytes_read += nread
-        else:
-            tensors = payload.tensors
-        got = _cold.compress_tensors(tensors, self._layout, cfg)
+            payload = self._read_disk(eid)
+        got = ColdTier.encode(payload, self._layout, cfg)
         if got is None:
             return 0
-        ctensors, facts = got
-        nbytes = sum(t.numel() * t.element_size() for t in ctensors.values())
-        if nbytes >= e.nbytes:  # pragma: no cover  (compress_kv only factorizes slots that shrink)
+        cpayload, facts = got
+        if cpayload.nbytes >= e.nbytes:  # pragma: no cover  (compress_kv only factorizes slots that shrink)
             return 0
-        meta = {**e.meta, "approx": facts["approx"], "cold": {k: v for k, v in facts.items() if k != "approx"}}
-        meta = _check_meta(meta)
+        cold = {k: v for k, v in facts.items() if k != "approx"}
+        meta = _check_meta({**e.meta, "approx": facts["approx"], "cold": cold})
+        written = self._cold.put(eid, cpayload, meta)  # into the home tier, under the same id
         if self._disk is not None:
-            e.row = self._disk.write(eid, ctensors, {}, nbytes, meta)
-            self.stats.disk_bytes_written += e.row.file_bytes
-        saved = e.nbytes - nbytes
-        e.nbytes, e.meta = nbytes, meta
-        self._policy.insert(eid, nbytes)  # a fresh entry of the new size (a pin stays a pin)
-        if eid in self._mem:
-            if self._mem_policy is None:
-                self._mem[eid] = _Payload(ctensors, None)
-            else:
-                self._mem_policy.remove(eid)
-                del self._mem[eid]
-                self._cache(eid, _Payload(ctensors, None), nbytes)
+            self.stats.disk_bytes_written += written
+            if eid in self._memory:  # keep the cold form cached where the exact one was
+                self._memory.put(eid, cpayload, meta)
+        saved = e.nbytes - cpayload.nbytes
+        e.nbytes, e.meta = cpayload.nbytes, meta
+        self._policy.insert(eid, cpayload.nbytes)  # a fresh entry of the new size (a pin stays a pin)
         self.stats.cold_compressed += 1
         self.stats.cold_bytes_saved += saved
         return saved
@@ -510,9 +523,8 @@ class ChunkStore:
                 try:
                     if self._compress(victim, self.cold) > 0:
                         continue
-                except (CorruptEntry, KVShapeError, KeyError, ValueError):
-                    self._remove(victim, evicted=False)
-                    self.stats.corrupt_dropped += 1
+                except (CorruptEntry, *_UNDECODABLE) as err:
+                    self._corrupt(self._home, victim, err, mac=False)
                     continue
             self._evict(victim)
 
@@ -525,26 +537,22 @@ class ChunkStore:
         """
         eid = _eid(key, ctx)
         with self._lock:
-            self._pins[eid] = self._pins.get(eid, 0) + 1
-            if self._pins[eid] == 1 and eid in self._entries:
-                self._policy.pin(eid)
+            if eid in self._entries:
+                self._policy.pin(eid)  # one more pin in the ledger; the policy reorders on the first
+            else:
+                self._pins.pin(eid)
 
     def unpin(self, key: str, ctx: Optional[str] = None) -> None:
         """Release one pin; unpinning something not pinned is a no-op."""
         eid = _eid(key, ctx)
         with self._lock:
-            n = self._pins.get(eid, 0)
-            if n <= 0:
-                return
-            if n > 1:
-                self._pins[eid] = n - 1
-                return
-            del self._pins[eid]
             if eid in self._entries:
                 self._policy.unpin(eid)
+            else:
+                self._pins.unpin(eid)
 
     def is_pinned(self, key: str, ctx: Optional[str] = None) -> bool:
-        return self._pins.get(_eid(key, ctx), 0) > 0
+        return _eid(key, ctx) in self._pins
 
     def drop(self, key: str, ctx: Optional[str] = None) -> int:
         """Remove chunk ``key``'s canonical and all its patches (or, with ``ctx``, that one patch), pinned
@@ -567,17 +575,43 @@ class ChunkStore:
         dropped = 0
         with self._lock:
             self._check_open()
-            for eid, e in list(self._entries.items()):
+            for eid in list(self._entries):
                 try:
-                    self._disk.read(e.row)  # type: ignore[arg-type]
+                    self._disk.get(eid)
                 except CorruptEntry as err:
-                    self._remove(eid, evicted=False)
-                    if isinstance(err, AuthFailed):
-                        self.stats.auth_failures += 1
-                    else:
-                        self.stats.corrupt_dropped += 1
+                    self._corrupt(self._disk, eid, err)
                     dropped += 1
         return dropped
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` if the accounting is off: ``nbytes`` is the sum of the entries' bytes and
+        within ``budget_bytes``; the policy tracks exactly the entries, at their sizes, reads the store's pin
+        ledger and never offers a pinned victim; the home tier (disk, or memory without a path) holds every
+        entry and the same bytes; the memory cache and the cold tier hold only entries, at their sizes; each
+        tier's own check passes. Cheap enough for tests to call after every operation."""
+        with self._lock:
+            ents, pol = self._entries, self._policy
+            total = sum(e.nbytes for e in ents.values())
+            assert self.nbytes == total, f"nbytes {self.nbytes} != sum of entries {total}"
+            assert self.budget_bytes is None or total <= self.budget_bytes, "over budget"
+            assert len(pol) == len(ents) and all(pol.size_of(eid) == e.nbytes for eid, e in ents.items()), \
+                "the policy's keys or sizes are not the store's"
+            assert pol._pins is self._pins, "the policy keeps a pin ledger of its own"
+            assert pol.pinned == {eid for eid in self._pins if eid in ents}
+            v = pol.victim()
+            assert v is None or (v in ents and v not in self._pins), f"victim {v} is pinned or absent"
+            assert all(eid in self._home for eid in ents) and self._home.nbytes == total, \
+                "the home tier does not hold exactly the entries"
+            for eid in ents:
+                p = self._memory.peek(eid)
+                assert p is None or p.nbytes == ents[eid].nbytes, f"memory holds {eid} at another size"
+            assert len(self._memory) <= len(ents) and self._memory.nbytes <= total
+            cold = {eid for eid, e in ents.items() if eid[0] == CANONICAL and _is_cold_meta(e.meta)}
+            assert set(self._cold) == cold and all(self._cold.size_of(eid) == ents[eid].nbytes for eid in cold), \
+                "the cold tier's entries are not the cold canonicals"
+            assert {k: s for k, s in self._by_key.items()} == _group(ents), "by-key index is off"
+            for tier in self._local:
+                tier.check_integrity()
 
     def close(self) -> None:
         """Release the disk tier (index connection and lock); later puts and gets raise WindowkitError.
@@ -585,48 +619,15 @@ class ChunkStore:
         with self._lock:
             if self._disk is not None:
                 self._disk.close()
-            if self._owns_shared and self.shared is not None:
-                self.shared.close()
+            if self._owns_shared and self._shared is not None:
+                self._shared.close()
             self._closed = True
 
     # ---------------------------------------------------------------- shared tier
-    def _attach_shared(self, shared: "StoreBackend | str") -> None:
-        if isinstance(shared, str):
-            if shared != "mooncake":
-                raise WindowkitError(f"shared must be a StoreBackend, 'mooncake' or None, got {shared!r}")
-            from windowkit.store.mooncake import MooncakeBackend  # lazy: mooncake is an optional dependency
-
-            shared = MooncakeBackend.from_env(namespace=self._model_fingerprint, auth_key=self._auth)
-            self._owns_shared = True
-        if not isinstance(shared, StoreBackend):
-            raise WindowkitError(f"shared must implement StoreBackend, got {type(shared).__name__}")
-        if shared.namespace is None:
-            shared.namespace = self._model_fingerprint
-        elif self._model_fingerprint is not None and shared.namespace != self._model_fingerprint:
-            from windowkit.errors import ModelMismatchError
-
-            raise ModelMismatchError(f"shared backend namespace {shared.namespace!r} is not this store's model "
-                                     f"{self._model_fingerprint!r}")
-        theirs = getattr(shared, "auth", None)
-        if self._auth is not None:
-            if theirs is None:
-                if not hasattr(shared, "auth"):
-                    raise AuthKeyError(f"{type(shared).__name__} cannot authenticate entries (it has no 'auth' "
-                                       "attribute): use EmbeddedBackend or MooncakeBackend, or open without auth_key")
-                shared.auth = self._auth  # type: ignore[attr-defined]
-            elif theirs.key_id != self._auth.key_id:
-                raise AuthKeyError(f"the shared backend's auth key (id {theirs.key_id}) is not this store's "
-                                   f"(id {self._auth.key_id}): give both the same key")
-        elif theirs is None and not isinstance(shared, EmbeddedBackend):
-            warn_unauthenticated(f"the shared store tier ({type(shared).__name__})")
-        self.shared = shared
 
     def _shared_key(self, eid: EntryId) -> str:
-        """``kind/key/ctx``; in a trust domain, a hash of the salt and the entry id (the backend derives its own
-        stored key from this, with the secret when it has one)."""
-        if not self.cache_salt:
-            return f"{eid[0]}/{eid[1]}/{eid[2]}"
-        return f"{eid[0]}/d-{_salted(self.cache_salt, eid)}/"
+        """The entry's key in the shared tier (``tiers.shared_key``)."""
+        return shared_key(self.cache_salt, eid)
 
     def _shared_fault(self, reason: str) -> None:
         with self._lock:
@@ -635,29 +636,20 @@ class ChunkStore:
             r[reason] = r.get(reason, 0) + 1
 
     def _shared_exists(self, eid: EntryId) -> bool:
-        if self.shared is None:
+        if self._shared is None:
             return False
         try:
-            return bool(self.shared.exists(self._shared_key(eid)))
-        except SharedStoreError as err:
-            self._shared_fault(err.reason)
+            return eid in self._shared
+        except SharedFault as f:
+            self._shared_fault(f.reason)
             return False
 
-    def _shared_put(self, eid: EntryId, tensors: Tensors, patch_meta: Optional[dict[str, str]], meta: dict,
-                    nbytes: int) -> None:
-        """Write one entry through: safetensors bytes (header names the entry) + JSON meta. Faults only count."""
-        kind, key, ctx = eid
-        ident = {"format": "windowkit-shared/1", "kind": kind, "key": key, "ctx": ctx,
-                 "model_fingerprint": self._model_fingerprint or ""}
-        if self.cache_salt:  # only then: unsalted entries keep today's bytes
-            ident["domain"] = domain_tag(self.cache_salt)
-        header = {**{_PATCH_PREFIX + k: v for k, v in (patch_meta or {}).items()}, **ident}
-        data = st_save({k: t.detach().to("cpu") for k, t in tensors.items()}, metadata=header)
-        smeta = {**ident, "nbytes": nbytes, "meta": meta, "layout": layout_to_json(self._layout) if self._layout else None}
+    def _shared_put(self, eid: EntryId, payload: Payload, meta: dict) -> None:
+        """Write one entry through; a fault only counts."""
         try:
-            self.shared.put(self._shared_key(eid), data, smeta)  # type: ignore[union-attr]
-        except SharedStoreError as err:
-            self._shared_fault(err.reason)
+            self._shared.put(eid, payload, meta)  # type: ignore[union-attr]
+        except SharedFault as f:
+            self._shared_fault(f.reason)
             return
         with self._lock:
             self.stats.shared_puts += 1
@@ -666,74 +658,36 @@ class ChunkStore:
         """A local miss: read the shared tier, check the entry is the one asked for, keep it locally.
         None on a miss or any fault (counted); a value that fails a check is never returned."""
         self._check_open()
+        tier = self._shared
+        assert tier is not None
         try:
-            got = self.shared.get(self._shared_key(eid))  # type: ignore[union-attr]
-        except StoreAuthError:
-            got, reason = None, "auth"  # forged / replayed / another key's: the backend removed it
+            payload = tier.get(eid)
+            if payload is not None:
+                try:
+                    obj = self._build(eid, payload)
+                except _UNDECODABLE as e:  # tensors missing or of the wrong shape: not our entry
+                    raise CorruptEntry(f"shared value does not rebuild: {e}") from None
+        except CorruptEntry as err:  # checksum, MAC or identity failed: nobody should read it
+            self._corrupt(tier, eid, err, miss=True)
+            return None
+        except (SharedFault, KVShapeError) as err:  # unanswered, or a store of another layout (the value stays)
+            self._shared_fault(err.reason if isinstance(err, SharedFault) else "layout")
             with self._lock:
-                self.stats.auth_failures += 1
-        except StoreCorruptError:
-            got, reason = None, "corrupt"  # the backend removed it
-        except SharedStoreError as err:
-            got, reason = None, err.reason
-        else:
-            reason = None
-        if got is None and reason is None:
+                self.stats.misses += 1
+            return None
+        if payload is None:
             with self._lock:
                 self.stats.misses += 1
                 self.stats.shared_misses += 1
             return None
-        obj = None
-        if got is not None:
-            data, smeta = got
-            try:
-                if smeta.get("layout"):  # an empty store adopts the writer's layout; another layout is refused
-                    self._check_layout(layout_from_json(smeta["layout"]), "shared entry")
-                obj, payload = self._shared_decode(eid, data, smeta)
-            except KVShapeError:  # a store of another layout: the value may be fine for others, keep it
-                reason = "layout"
-            except CorruptEntry:  # checksum passed but the content is not this entry: nobody should read it
-                reason = "corrupt"
-                try:
-                    self.shared.remove(self._shared_key(eid))  # type: ignore[union-attr]
-                except SharedStoreError:
-                    pass
-        if obj is None:
-            self._shared_fault(reason or "error")
-            with self._lock:
-                self.stats.misses += 1
-            return None
-        assert got is not None
-        smeta = got[1]
         # keep it locally (budget permitting; a refusal just means the next get reads the shared tier again)
-        self._put(eid, payload.tensors, payload.patch_meta, smeta.get("meta") or {}, write_through=False)
+        self._put(eid, payload.tensors, payload.patch_meta, payload.meta, write_through=False)
         with self._lock:
             self.stats.hits += 1
             self.stats.shared_hits += 1
-            self.stats.shared_bytes_read += int(smeta.get("nbytes") or 0)
-            self.stats.bytes_read += int(smeta.get("nbytes") or 0)
+            self.stats.shared_bytes_read += payload.nbytes
+            self.stats.bytes_read += payload.nbytes
         return obj
-
-    def _shared_decode(self, eid: EntryId, data: bytes, smeta: dict) -> tuple[ChunkKV | Patch, _Payload]:
-        """The object in a shared value, after checking it names ``eid`` and this model; ``CorruptEntry`` if not."""
-        kind, key, ctx = eid
-        if (smeta.get("kind"), smeta.get("key"), smeta.get("ctx")) != (kind, key, ctx) or \
-                smeta.get("model_fingerprint") != (self._model_fingerprint or "") or \
-                smeta.get("domain", "") != (domain_tag(self.cache_salt) if self.cache_salt else ""):
-            raise CorruptEntry("shared value names another entry, model or trust domain")
-        header = _header_metadata(data)
-        if (header.get("kind"), header.get("key"), header.get("ctx")) != (kind, key, ctx):
-            raise CorruptEntry("safetensors header names another entry")
-        try:
-            tensors = st_load(data)
-        except Exception as e:  # safetensors raises its own error types
-            raise CorruptEntry(f"unreadable safetensors: {e}") from None
-        pm = {k[len(_PATCH_PREFIX):]: v for k, v in header.items() if k.startswith(_PATCH_PREFIX)}
-        payload = _Payload(tensors, pm if kind == PATCH else None)
-        try:
-            return self._build(eid, payload), payload
-        except (KeyError, ValueError, TypeError) as e:  # tensors missing or of the wrong shape: not our entry
-            raise CorruptEntry(f"shared value does not rebuild: {e}") from None
 
     def __enter__(self) -> "ChunkStore":
         return self
@@ -758,28 +712,28 @@ class ChunkStore:
             if self._layout is None:
                 self._layout = layout
                 if self._disk is not None:
-                    self._disk.set_layout(layout)
+                    self._disk.disk.set_layout(layout)
             elif layout != self._layout:
                 raise KVShapeError(f"{what} has layout {layout.describe()}; the store holds {self._layout.describe()}")
 
     def _add_entry(self, eid: EntryId, e: _Entry) -> None:
         self._entries[eid] = e
         self._by_key.setdefault(eid[1], set()).add(eid)
-        self._policy.insert(eid, e.nbytes)
-        if self._pins.get(eid, 0) > 0:
-            self._policy.pin(eid)
+        self._policy.insert(eid, e.nbytes)  # a key the ledger pins is out of the victim order at once
+        if eid[0] == CANONICAL and _is_cold_meta(e.meta):
+            self._cold.mark(eid, e.nbytes)
 
     def _remove(self, eid: EntryId, evicted: bool) -> None:
-        e = self._entries.pop(eid)
+        """Every removal (eviction, replacement, drop, corrupt entry) passes here: the entry leaves the table,
+        the policy and every local tier (its pins stay in the ledger)."""
+        self._entries.pop(eid)
         keyset = self._by_key[eid[1]]
         keyset.discard(eid)
         if not keyset:
             del self._by_key[eid[1]]
         self._policy.remove(eid, evicted=evicted)
-        if self._mem.pop(eid, None) is not None and self._mem_policy is not None:
-            self._mem_policy.remove(eid)
-        if self._disk is not None and e.row is not None:
-            self._disk.delete(e.row)
+        for tier in self._local:
+            tier.remove(eid)
 
     def _evict(self, eid: Optional[EntryId]) -> None:
         if eid is None:  # pragma: no cover  (puts check feasibility first)
@@ -787,21 +741,8 @@ class ChunkStore:
         self._remove(eid, evicted=True)
         self.stats.evictions += 1
 
-    def _cache(self, eid: EntryId, payload: _Payload, nbytes: int) -> None:
-        """Keep ``payload`` in memory: always for a memory-only store, within the cache budget otherwise."""
-        if self._mem_policy is None:
-            self._mem[eid] = payload
-            return
-        if self._mem_budget is not None:
-            if nbytes > self._mem_budget:
-                return
-            while self._mem_policy.nbytes + nbytes > self._mem_budget:
-                old = self._mem_policy.victim()
-                self._mem_policy.remove(old, evicted=True)
-                del self._mem[old]
-                self.stats.memory_evictions += 1
-        self._mem[eid] = payload
-        self._mem_policy.insert(eid, nbytes)
+    def _memory_evicted(self) -> None:
+        self.stats.memory_evictions += 1
 
 
 # -------------------------------------------------------------------- helpers
@@ -811,9 +752,11 @@ def _eid(key: str, ctx: Optional[str]) -> EntryId:
     return (CANONICAL, key, "") if ctx is None else (PATCH, key, ctx)
 
 
-def _salted(salt: str, eid: EntryId) -> str:
-    """32 hex of sha256 over the trust domain and the entry id (JSON: no two (salt, id) pairs collide)."""
-    return hashlib.sha256(json.dumps(["domain", salt, *eid], separators=(",", ":")).encode()).hexdigest()[:32]
+def _group(entries) -> dict[str, set[EntryId]]:
+    out: dict[str, set[EntryId]] = {}
+    for eid in entries:
+        out.setdefault(eid[1], set()).add(eid)
+    return out
 
 
 def _is_cold_meta(meta: dict) -> bool:
