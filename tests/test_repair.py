@@ -282,33 +282,3 @@ def test_bad_fidelity_and_bad_recompute_calls_raise(llama):
         llama.recompute(kv, [c], [0], [torch.tensor([6])])  # offset outside the chunk
     with pytest.raises(ChunkError):
         llama.recompute(kv, [c], [0], [torch.tensor([], dtype=torch.long)])  # nothing chosen
-
-
-def test_a_forward_appends_into_the_room_a_concat_left_and_only_once(be):
-    """``concat(parts, spare=n)`` leaves room after the past; the next forward over it writes its tokens there
-    instead of copying the past. Its KV and logits equal transformers' own forward of all the tokens, and a second
-    forward over the same past copies instead of writing over the first one's KV."""
-    from windowkit.kv.layout import ChunkKV, concat
-
-    def logits_of(ids):
-        with torch.no_grad():
-            return be.model(input_ids=ids[None]).logits[0, -1].float()
-
-    ids = torch.arange(40) % 90 + 5
-    other = torch.cat([ids[:36], torch.tensor([7, 8, 9, 10])])
-    kv = ChunkKV(model_kv(be, ids), be.layout, torch.arange(40)[None])
-    past = concat([kv.slice(0, 20), kv.slice(20, 36)], spare=4)
-    assert past.spare == 4 and torch.equal(past.layers[3][0], kv.layers[3][0][:, :36])
-    r1 = be.forward([wk.Chunk.text(ids[36:], id="q1")], 36, past)
-    assert past.spare == 0  # taken by the first forward
-    k0 = past.layers[0][0]
-    room = k0.as_strided((k0.shape[0], 40, k0.shape[2]), k0.stride())
-    assert r1.kv.layers[0][0].data_ptr() == room[:, 36:].data_ptr()  # written into the room: no new tensor
-    for l in range(len(kv.layers)):
-        assert torch.allclose(r1.kv.layers[l][0], kv.layers[l][0][:, 36:], atol=1e-5)
-        assert torch.allclose(r1.kv.layers[l][1], kv.layers[l][1][:, 36:], atol=1e-5)
-    assert torch.allclose(r1.logits, logits_of(ids), atol=1e-4)
-    k1 = r1.kv.layers[0][0].clone()
-    r2 = be.forward([wk.Chunk.text(other[36:], id="q2")], 36, past)  # the same past again: a copy this time
-    assert torch.equal(r1.kv.layers[0][0], k1)
-    assert torch.allclose(r2.logits, logits_of(other), atol=1e-4)

@@ -17,8 +17,6 @@ from contextlib import nullcontext
 from typing import Any, Optional, Sequence
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from windowkit.backends.base import BackendStats, Embeds, ForwardResult  # Embeds: shared with hf_qwen_vl
 from windowkit.backends.attention import attention, block_plan, capture_rows
@@ -62,32 +60,6 @@ class TextAdapter:
         out = self.model(inputs_embeds=embeds, position_ids=position_ids, **kw)
         new_cache = getattr(out, "cache", None) or out.past_key_values
         return out.logits[0, -1].float(), new_cache
-
-
-class _AppendLayer(DynamicLayer):
-    """A transformers ``DynamicLayer`` over a past with ``room`` free token slots allocated after it
-    (``concat(..., spare=room)``): ``update`` writes the new keys and values into those slots and returns views of
-    past + new, where ``DynamicLayer`` concatenates the whole past into a new tensor. Once full, it does that."""
-
-    _layer_type = None  # never registered as transformers' layer for any layer type
-
-    def __init__(self, room: int):
-        super().__init__()
-        self.room = int(room)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        n = key_states.shape[-2]
-        if not self.is_initialized or n > self.room:
-            return super().update(key_states, value_states, *args, **kwargs)
-        grown = []
-        for old, new in ((self.keys, key_states), (self.values, value_states)):
-            b, h, s, d = old.shape
-            full = old.as_strided((b, h, s + n, d), old.stride())  # [1, H, S + n, D]: the past and its room
-            full[:, :, s:] = new
-            grown.append(full)
-        self.keys, self.values = grown
-        self.room -= n
-        return self.keys, self.values
 
 
 def _model_type(model: Any) -> str:
@@ -225,13 +197,15 @@ class HFBackend:
         """A transformers ``DynamicCache`` holding ``past``. Its layers hold views of ``past``'s tensors (no
         copy: ``DynamicCache(data)`` would copy the whole window once more before the forward copies it again);
         transformers' cache never writes into them in place (``update`` concatenates into new tensors)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
         cache = DynamicCache()
         if past is None or past.num_tokens == 0:
             return cache
         self.check_kv(past)
-        room, past.spare = past.spare, 0  # the room after the past is this cache's alone: a second cache copies
         for a, b in past.layers:
-            layer = _AppendLayer(room) if room else DynamicLayer()
+            layer = DynamicLayer()
             k, v = a[None], b[None]
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v
@@ -370,9 +344,6 @@ class HFBackend:
         # either chosen (stale, masked) or behind every chosen token: cut it off, the forward attends over less.
         readable = (~chosen & (kv_pos < int(sel.max()))).nonzero()
         cut = int(readable[-1]) + 1 if readable.numel() else 0
-        if (cut < s_len and past.spare >= q and s_len - cut < self.KEEP_ROOM
-                and not torch.equal(sel, torch.arange(cut, cut + q))):
-            cut = s_len  # a few masked keys more, and the forward appends into the room after past: no copy of it
         if cut < s_len:
             past = past.slice(0, cut) if cut > 0 else None
             kv_pos, chosen = kv_pos[:cut], chosen[:cut]
@@ -412,8 +383,6 @@ class HFBackend:
         if return_logits:
             return outs, out.logits[0, -1].float()
         return outs
-
-    KEEP_ROOM = 64  # recompute keeps up to this many unread past tokens (masked) to append into the past's room
 
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1,
                         lookahead: int = 0, return_kv: bool = False):

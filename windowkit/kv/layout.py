@@ -48,9 +48,6 @@ class ChunkKV:
     layout: KVLayout
     # [n_axes, S] positions the rope slot is rotated to now (None: unknown; relocation then uses δ·inv_freq)
     positions: Optional[torch.Tensor] = field(default=None)
-    # token slots allocated after each tensor's S tokens (``concat(..., spare=n)``) that the next forward over this
-    # KV may append its tokens into instead of copying the whole past (``HFBackend.make_cache`` takes them: once)
-    spare: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.layers) != self.layout.num_layers:
@@ -144,13 +141,10 @@ class ChunkKV:
         return cls(layers, layout, tensors.get(f"{prefix}positions"))
 
 
-def concat(chunks: Sequence[ChunkKV], spare: int = 0) -> ChunkKV:
-    """Concatenate chunks along tokens (window order). ``spare`` > 0 allocates that many token slots after the
-    result in every tensor: a forward over it appends its tokens there (``ChunkKV.spare``) with no second copy."""
+def concat(chunks: Sequence[ChunkKV]) -> ChunkKV:
+    """Concatenate chunks along tokens (window order)."""
     if not chunks:
         raise KVShapeError("nothing to concatenate")
-    if spare > 0:
-        return _concat_with_room(chunks, int(spare))
     layout = chunks[0].layout
     for c in chunks[1:]:
         if c.layout != layout:
@@ -162,26 +156,6 @@ def concat(chunks: Sequence[ChunkKV], spare: int = 0) -> ChunkKV:
         return chunks[0]
     return ChunkKV([(torch.cat([c.layers[l][0] for c in chunks], 1), torch.cat([c.layers[l][1] for c in chunks], 1))
                     for l in range(layout.num_layers)], layout, pos)
-
-
-def _concat_with_room(chunks: Sequence[ChunkKV], spare: int) -> ChunkKV:
-    layout = chunks[0].layout
-    if any(c.layout != layout for c in chunks[1:]):
-        raise KVShapeError("cannot concatenate KV of different layouts")
-    n = sum(c.num_tokens for c in chunks)
-    layers = []
-    for l in range(layout.num_layers):
-        pair = []
-        for slot in (0, 1):
-            t0 = chunks[0].layers[l][slot]
-            buf = torch.empty(t0.shape[0], n + spare, t0.shape[2], dtype=t0.dtype, device=t0.device)  # [H, S + spare, D]
-            torch.cat([c.layers[l][slot] for c in chunks], 1, out=buf[:, :n])
-            pair.append(buf[:, :n])
-        layers.append((pair[0], pair[1]))
-    pos = None
-    if all(c.positions is not None for c in chunks) and len({c.positions.shape[0] for c in chunks}) == 1:
-        pos = torch.cat([c.positions for c in chunks], 1)
-    return ChunkKV(layers, layout, pos, spare=spare)
 
 
 def mean(chunks: Iterable[ChunkKV]) -> ChunkKV:

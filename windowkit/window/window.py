@@ -567,19 +567,18 @@ class Window:
         keep = common_prefix(self._read_ids, ids)
         return sum(len(e.chunk) for e in list(self._entries)[keep:])
 
-    def _assemble(self, then: Optional[ChunkKV] = None, spare: int = 0) -> Optional[ChunkKV]:
-        """The window's KV as one ChunkKV, followed by ``then`` (e.g. a query's KV) in the same single copy, with
-        ``spare`` token slots after it that the next forward over it appends into (``concat``)."""
+    def _assemble(self, then: Optional[ChunkKV] = None) -> Optional[ChunkKV]:
+        """The window's KV as one ChunkKV, followed by ``then`` (e.g. a query's KV) in the same single copy."""
         self._settle()
         if self.mode == "exact":
             kv = self._exact_kv()
-            return kv if then is None else concat([kv, then], spare=spare)
+            return kv if then is None else concat([kv, then])
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
         for e, s in zip(self._entries, self.starts()):
             parts.append(self._kv_at(e, s))
         if then is not None:
             parts.append(then)
-        return concat(parts, spare=spare) if parts else None
+        return concat(parts) if parts else None
 
     def _query_past(self) -> Optional[ChunkKV]:
         """The window KV a query runs over; for a backend that never reads it (cost model), only account."""
@@ -708,15 +707,13 @@ class Window:
             return 0, ((ridden[0], ridden[1], None) if ridden is not None else None)
         at = self.next_position
         if ridden is not None:  # the query's row came with it; the lookahead token's row is one more token's forward
-            # the window and the query, one copy, with room after it for the forwards below to append into
-            full = self._assemble(then=ridden[1], spare=max(look, n + 1))
+            full = self._assemble(then=ridden[1])  # the window and the query, one copy
             n_win = full.num_tokens - len(q)
             nxt = Chunk.text(ridden[0].argmax().reshape(1), id="__look__")
             att = ridden[2][:n_win]
             if look:
                 att = (att + self.backend.query_attention(full, nxt, at + len(q))[:n_win]) / 2
                 self.backend.forget(nxt)
-                full.spare = n + 1  # the lookahead token's KV is dropped: its slot is free for the repair forward
         else:
             past = self._assemble()
             att, full = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
@@ -1475,8 +1472,7 @@ class Window:
             parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
         t0 = time.perf_counter()
         probe = probe and query is not None
-        room = sum(len(o) for o in offsets) if self._needs_past else 0  # the forward appends into it: no 2nd copy
-        out = self.backend.recompute(concat(parts, spare=room) if parts else None, chunks, at, offsets,
+        out = self.backend.recompute(concat(parts) if parts else None, chunks, at, offsets,
                                      return_logits=query is not None, probe=probe)
         fresh, logits = (out[0], out[1]) if query is not None else (out, None)
         repaired, admitted = sum(k for _, k in pairs), sum(x.n for x in entries[t:])
