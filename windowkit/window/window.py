@@ -744,10 +744,6 @@ class Window:
         self.stats.repaired_tokens += n
         for i, new in zip(order, fresh):
             e, off = entries[i], torch.tensor(picked[i])
-            if answer:  # ``full`` holds this survivor with its fresh tokens written in: keep views of it, no copy
-                e.kv, e.kv_start = full.slice(starts[i], starts[i] + e.n), starts[i]
-                self._mark_fresh(e, tuple(ids[:i]), off)
-                continue
             kv = self._kv_at(e, starts[i])
             layers = []
             for (a, b), (x, y) in zip(new.layers, kv.layers):  # x, y: [H, S, D]; a, b: [H, len(off), D]
