@@ -30,7 +30,7 @@ from windowkit.store import ChunkStore, EmbeddedBackend, chunk_key, context_hash
 from windowkit.store import auth as auth_mod
 from windowkit.store.auth import EntryAuth, auth_key_from_env
 from windowkit.store.backend import MAGIC, MAGIC_AUTH, namespace_prefix, pack, unpack
-from windowkit.store.disk import _header_metadata
+from windowkit.store.disk import header_metadata
 from windowkit.store.mooncake import MooncakeBackend
 
 hypothesis = need("hypothesis", "pip install hypothesis (or: make venv)")
@@ -84,7 +84,7 @@ def add_noise(value: bytes, scale: float = 0.5, seed: int = 0) -> bytes:
     g = torch.Generator().manual_seed(seed)
     tensors = {k: (t + scale * torch.randn(t.shape, generator=g).to(t.dtype)) if t.is_floating_point() else t
                for k, t in st_load(value).items()}
-    return st_save(tensors, metadata=_header_metadata(value))
+    return st_save(tensors, metadata=header_metadata(value))
 
 
 def envelope(header: dict, value: bytes) -> bytes:

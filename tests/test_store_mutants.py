@@ -815,7 +815,7 @@ import re  # noqa: E402
 import sqlite3  # noqa: E402
 
 from windowkit.store import disk as disk_mod  # noqa: E402
-from windowkit.store.disk import CorruptEntry, _header_metadata  # noqa: E402
+from windowkit.store.disk import CorruptEntry, header_metadata  # noqa: E402
 
 
 def _index_row(path, kind, key, ctx):
@@ -839,12 +839,12 @@ def _set_index(path, kind, key, sha, file_bytes):
 
 def test_header_metadata_bounds_and_messages():
     with pytest.raises(CorruptEntry, match=r"^file shorter than a safetensors header$"):
-        _header_metadata(b"\0" * 7)
+        header_metadata(b"\0" * 7)
     with pytest.raises(CorruptEntry, match=r"^unreadable safetensors header: "):
-        _header_metadata(b"\0" * 8)                                            # 8 bytes: a header of length 0
-    assert _header_metadata((2).to_bytes(8, "little") + b"{}") == {}          # the header fills the file exactly
+        header_metadata(b"\0" * 8)                                            # 8 bytes: a header of length 0
+    assert header_metadata((2).to_bytes(8, "little") + b"{}") == {}          # the header fills the file exactly
     with pytest.raises(CorruptEntry, match=r"^safetensors header runs past the end of the file$"):
-        _header_metadata((3).to_bytes(8, "little") + b"{}")
+        header_metadata((3).to_bytes(8, "little") + b"{}")
 
 
 def test_file_names_header_and_sequence(tmp_path):

@@ -287,7 +287,7 @@ def derive(base: Any, backend: Any, kwargs: dict) -> Any:
     for a in _SETTINGS:
         if a in tmpl.__dict__:
             setattr(win, a, getattr(tmpl, a))
-    for key in list(win._keys.values()):
+    for key in [win.store.chunk_key(win.chunk(i).content_hash()) for i in win.ids]:
         if base.store.has_canonical(key):
             tmpl.store.put_canonical(key, base.store.get_canonical(key, copy=False))
             tmpl.store.pin(key)

@@ -26,7 +26,7 @@ import torch
 
 from windowkit.errors import KVShapeError
 from windowkit.kv.layout import ChunkKV, KVLayout, mean
-from windowkit.kv.rope import Delta, RopeSpec, _angles, _is_zero, rotate_into, rotation, shift_positions
+from windowkit.kv.rope import Delta, RopeSpec, is_zero_delta, rotate_into, rotation, rotation_angles, shift_positions
 from windowkit.kv.svd import Method, truncated_svd
 
 Layers = Union[None, str, Sequence[int]]
@@ -242,13 +242,13 @@ def place(canonical: ChunkKV, delta: Delta, spec: RopeSpec, patch: Patch | None 
         _check_patch(canonical, patch)
     if isinstance(delta, torch.Tensor) and delta.dim() > 0:  # per-token deltas: no shared factor rotation
         return apply_patch(canonical, patch).relocate(delta, spec)
-    if _is_zero(delta):
+    if is_zero_delta(delta):
         return apply_patch(canonical, patch)
     lay = canonical.layout
     r = lay.rope_slot
     k0 = canonical.layers[0][r]
     cos, sin = rotation(delta, spec, k0, canonical.positions)  # [S, n] or [n]
-    ang = _angles(delta, spec, k0)  # uniform angle for the factor rows
+    ang = rotation_angles(delta, spec, k0)  # uniform angle for the factor rows
     fc, fs = ang.cos(), ang.sin()
     out = []
     for l, pair in enumerate(canonical.layers):

@@ -158,7 +158,7 @@ def _axis_map(n_freq: int, mrope: MRopeKind, section: Sequence[int]) -> torch.Te
 
 
 # ---------------------------------------------------------------------- the rotation
-def _angles(delta: Delta, spec: RopeSpec, keys: torch.Tensor) -> torch.Tensor:
+def rotation_angles(delta: Delta, spec: RopeSpec, keys: torch.Tensor) -> torch.Tensor:
     """Per-frequency rotation angle, shape [n] (uniform delta) or [S, n] (per-token delta).
 
     The angle is the fp32 product delta * inv_freq, exactly as transformers forms position * inv_freq:
@@ -244,7 +244,7 @@ def relocate_keys(keys: torch.Tensor, delta: Delta, spec: RopeSpec,
         raise KVShapeError("keys must be a floating-point tensor")
     if keys.shape[-1] != spec.rot_dim:
         raise KVShapeError(f"keys have {keys.shape[-1]} trailing dims, the RoPE spec rotates {spec.rot_dim}")
-    if _is_zero(delta):
+    if is_zero_delta(delta):
         return keys
     cos, sin = rotation(delta, spec, keys, positions)
     out = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
@@ -266,7 +266,7 @@ def relocate_keys_many(keys: Sequence[torch.Tensor], delta: Delta, spec: RopeSpe
             raise KVShapeError("keys must be a floating-point tensor")
         if k.shape[-1] != spec.rot_dim:
             raise KVShapeError(f"keys have {k.shape[-1]} trailing dims, the RoPE spec rotates {spec.rot_dim}")
-    if not keys or _is_zero(delta):
+    if not keys or is_zero_delta(delta):
         return keys
     shared: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
     out = []
@@ -287,7 +287,7 @@ def rotation(delta: Delta, spec: RopeSpec, keys: torch.Tensor,
     if positions is not None:
         ang = _exact_angles(delta, spec, positions, keys)
         return ang.cos().float(), ang.sin().float()
-    ang = _angles(delta, spec, keys)
+    ang = rotation_angles(delta, spec, keys)
     return ang.cos(), ang.sin()
 
 
@@ -331,7 +331,8 @@ def _int_delta(x: object) -> int:
         raise KVShapeError(f"delta must be an int, a (dt, dh, dw) tuple or a tensor, got {x!r}") from None
 
 
-def _is_zero(delta: Delta) -> bool:
+def is_zero_delta(delta: Delta) -> bool:
+    """True when ``delta`` moves no token (0, or a tensor / sequence of zeros)."""
     if isinstance(delta, torch.Tensor):
         return bool((delta == 0).all())
     if isinstance(delta, (list, tuple)):

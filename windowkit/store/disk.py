@@ -83,7 +83,7 @@ def layout_from_json(text: str) -> KVLayout:
     return KVLayout(d["family"], int(d["num_layers"]), ((int(h0), int(d0)), (int(h1), int(d1))), int(d["rope_slot"]))
 
 
-def _header_metadata(data: bytes) -> dict[str, str]:
+def header_metadata(data: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors blob (safetensors' ``load`` returns tensors only)."""
     if len(data) < 8:
         raise CorruptEntry("file shorter than a safetensors header")
@@ -300,7 +300,7 @@ class DiskTier:
                 raise AuthFailed(f"{row.file}: HMAC mismatch (forged, replaced, or written with another key)")
         elif hashlib.sha256(data).hexdigest() != row.sha256:
             raise CorruptEntry(f"{row.file}: sha256 mismatch")
-        header = _header_metadata(data)
+        header = header_metadata(data)
         kind, key, ctx = row.eid
         if (header.get("kind"), header.get("key"), header.get("ctx")) != (kind, key, ctx):
             raise CorruptEntry(f"{row.file}: holds {header.get('kind')}/{header.get('key')}/{header.get('ctx')}, "

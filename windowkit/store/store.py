@@ -734,6 +734,12 @@ class ChunkStore:
         self._policy.remove(eid, evicted=evicted)
         for tier in self._local:
             tier.remove(eid)
+        self.entry_removed(eid[0], eid[1], eid[2], evicted)
+
+    def entry_removed(self, kind: str, key: str, ctx: Optional[str], evicted: bool) -> None:
+        """Called after any entry leaves the store (eviction, replacement by a new put, ``drop``, a corrupt
+        entry); ``kind`` is "c" (canonical) or "p" (patch, with its ``ctx``), ``evicted`` True for an eviction
+        under budget. Does nothing: a subclass that meters the store overrides it (the simulator's store does)."""
 
     def _evict(self, eid: Optional[EntryId]) -> None:
         if eid is None:  # pragma: no cover  (puts check feasibility first)

@@ -27,7 +27,7 @@ from windowkit.kv.layout import KVLayout
 from windowkit.store import cold as _cold
 from windowkit.store.auth import EntryAuth, domain_tag, warn_unauthenticated
 from windowkit.store.backend import EmbeddedBackend, StoreBackend
-from windowkit.store.disk import AuthFailed, CorruptEntry, DiskTier, EntryId, _header_metadata, layout_from_json, \
+from windowkit.store.disk import AuthFailed, CorruptEntry, DiskTier, EntryId, header_metadata, layout_from_json, \
     layout_to_json
 from windowkit.store.eviction import LRU
 
@@ -336,7 +336,7 @@ class SharedTier(Tier):
                 smeta.get("model_fingerprint") != self._fp or \
                 smeta.get("domain", "") != (domain_tag(self._salt) if self._salt else ""):
             raise CorruptEntry("shared value names another entry, model or trust domain")
-        header = _header_metadata(data)
+        header = header_metadata(data)
         if (header.get("kind"), header.get("key"), header.get("ctx")) != (kind, key, ctx):
             raise CorruptEntry("safetensors header names another entry")
         try:

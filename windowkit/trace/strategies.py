@@ -302,10 +302,8 @@ class _MeteredStore(ChunkStore):
             self.patch_tokens[(key, ctx)] = n
         return ok
 
-    def _remove(self, eid, evicted):
+    def entry_removed(self, kind, key, ctx, evicted):
         # an evicted (or replaced) entry no longer counts toward bytes_held; a replacement is re-added by the put
-        super()._remove(eid, evicted)
-        kind, key, ctx = eid
         if kind == CANONICAL:
             self.canon_sum -= self.canon_tokens.pop(key, 0)
         else:
