@@ -110,7 +110,7 @@ def test_generators_shapes():
 def test_profiles():
     assert {"h100-kamera", "cpu-tiny"} <= set(available_profiles())
     h = load_profile("h100-kamera")
-    assert "000_a258ee13ff23224e.txt" in h.source and "linear" in h.source
+    assert "Kamera: Unified Position-Invariant Multimodal KV Cache" in h.source and "linear" in h.source
     assert h.prefill_ms(1024) == pytest.approx(430) and h.vision_ms(1024) == pytest.approx(230)
     assert h.replay_ms(1024) == pytest.approx(5) and h.patch_apply_ms(1024) == pytest.approx(2.6)
     c = load_profile("cpu-tiny")

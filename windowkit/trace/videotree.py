@@ -1,7 +1,7 @@
 """Import the VideoTree EgoSchema result file as a windowkit trace.
 
-The file (``Ziyang412/VideoTree`` ``results/depth_expansion_res.json``, MIT licence, copy and licence in
-``/work/shared/data/traces``) holds 500 EgoSchema questions, each ``{"name": uuid, "sorted_values": [frame
+The file (``Ziyang412/VideoTree`` ``results/depth_expansion_res.json``, MIT licence; a copy and its licence
+ship in ``windowkit/trace/data/``) holds 500 EgoSchema questions, each ``{"name": uuid, "sorted_values": [frame
 indices 0-179, sorted, with repeats], "relevance": [1|2|3 per first-level cluster]}``.
 
 Conversion (the file has no per-frame tree depth, so levels are reconstructed by count):
@@ -18,7 +18,7 @@ Conversion (the file has no per-frame tree depth, so levels are reconstructed by
     ``ordered=False``: VideoTree *selects a set* of keyframes (each carries its timestamp), so any order of
     a step's frames is acceptable and a placement policy may choose it (the question stays in the set).
 
-    trace = load_videotree("/work/shared/data/traces/videotree_egoschema_depth_expansion.json")
+    trace = load_videotree()   # the bundled copy (DEFAULT_PATH), or a path to another result file
     len(trace.meta["episodes"])   # 500
 """
 from __future__ import annotations
@@ -34,13 +34,8 @@ _NAME = "videotree_egoschema_depth_expansion.json"
 
 
 def _default_path() -> str:
-    """$WINDOWKIT_VIDEOTREE, else ``shared/data/traces`` beside the checkout, else the project's shared folder."""
-    env = os.environ.get("WINDOWKIT_VIDEOTREE")
-    if env:
-        return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    beside = os.path.normpath(os.path.join(here, "..", "..", "..", "shared", "data", "traces", _NAME))
-    return beside if os.path.exists(beside) else os.path.join("/work/shared/data/traces", _NAME)
+    """$WINDOWKIT_VIDEOTREE, else the copy shipped with windowkit (``windowkit/trace/data/``)."""
+    return os.environ.get("WINDOWKIT_VIDEOTREE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", _NAME)
 
 
 DEFAULT_PATH = _default_path()
