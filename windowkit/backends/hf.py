@@ -20,6 +20,7 @@ import torch
 
 from windowkit.backends.base import BackendStats, Embeds, ForwardResult  # Embeds: shared with hf_qwen_vl
 from windowkit.backends.attention import attention, block_plan, capture_rows
+from windowkit.backends.hf_qwen_vl import QwenVLAdapter
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, KVShapeError, UnsupportedModelError
 from windowkit.kv.layout import ChunkKV, KVLayout
@@ -97,8 +98,6 @@ class HFBackend:
         self.model_type = _model_type(model)
         self.stats = BackendStats()
         if self.model_type in VL_FAMILIES:
-            from windowkit.backends.hf_qwen_vl import QwenVLAdapter
-
             self.adapter: Any = QwenVLAdapter(model, self.stats)
         elif self.model_type in TEXT_FAMILIES:
             self.adapter = TextAdapter(model, self.stats)
