@@ -269,6 +269,8 @@ class Window:
             res = self._run([self.prefix], 0, None)
             self._prefix_kv, self._prefix_span = res.kv, res.spans[0]
             self._prefix_key = chunk_key(self.prefix.content_hash(), backend.fingerprint())
+            # a prefix cache holds the system prompt too: its prefill is no step's spending in the focus account
+            self._step_p0 = self.stats.prefill_tokens
 
     # ================================================================== facts
     @property
