@@ -35,13 +35,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
+from transformers import AutoTokenizer
 
 from agents.common import common_prefix, common_prefix_tokens
 from agents.video_io import Frame, VideoError, read_frames, sample_qwen_video, write_synthetic_video
+from policies.refresh import make_refresh
+from windowkit.backends.hf import HFBackend
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, UnsupportedModelError, WindowkitError
+from windowkit.kv import concat
 from windowkit.kv.metrics import kl_divergence
+from windowkit.models.binding import task
 from windowkit.trace.record import recording
+from windowkit.window import Window
 
 #: ``win.stats`` fields logged per step (deltas), plus the backend's ``vision_calls``
 STAT_FIELDS = ("encodes", "patch_forms", "patch_reuses", "patch_applies", "relocations", "prefill_tokens",
@@ -64,6 +70,7 @@ class FrameEncoder:
         if vc is None or any(getattr(cfg, n, None) is None for n in needed):
             raise UnsupportedModelError(
                 f"{type(model).__name__} is not a Qwen-VL model (needs vision_config and {', '.join(needed)})")
+        # needs PIL (the vision extra)
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         self.patch = int(vc.patch_size)
@@ -157,7 +164,7 @@ class QwenVideoEncoder:
                     pc = json.load(f)
                 kw = {k: pc[k] for k in ("image_mean", "image_std") if k in pc}
                 break
-        if family == "qwen3_vl":
+        if family == "qwen3_vl":  # the video processors need torchvision (the vision extra)
             from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor as VP
         else:
             from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor as VP
@@ -175,8 +182,6 @@ class QwenVideoEncoder:
     def _default_timestamps(model: Any, model_path: Optional[str]) -> Callable[[str], Sequence[int]]:
         if model_path:
             try:
-                from transformers import AutoTokenizer
-
                 tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
                 return lambda s: tok(s, add_special_tokens=False)["input_ids"]
             except Exception:  # no tokenizer files: the byte stand-in below
@@ -388,8 +393,6 @@ class PrefixCache:
         self.last_prefill_tokens = 0
 
     def step(self, wanted: Sequence[Chunk], prompt: torch.Tensor) -> torch.Tensor:
-        from windowkit.kv import concat
-
         wanted = list(wanted)
         k = common_prefix(self.chunks, wanted)
         n_tok = sum(len(c) for c in wanted[:k])
@@ -431,11 +434,6 @@ class LongVideoAgent:
                  frame_size: tuple[int, int] = (112, 84), reference: bool = True, model_path: Optional[str] = None,
                  max_new_tokens: int = 4, record: Union[str, Path, None] = None,
                  prefix: Union[Chunk, Sequence[int], None] = None, blind: bool = False, refresh: Any = None):
-        from policies.refresh import make_refresh
-
-        from windowkit.backends.hf import HFBackend
-        from windowkit.window import Window
-
         if int(window) < 1:
             raise WindowkitError(f"window must be >= 1 frame, got {window}")
         self.window = int(window)
@@ -716,8 +714,6 @@ def binding_video(n_frames: int, seed: int = 0) -> tuple[list[Chunk], Callable[[
         agent = LongVideoAgent(load_model("binding"), window=3, prefix=prefix, blind=True)
         report = agent.run(frames, make_plan(48, 3, lookback=BINDING_LOOKBACK), ask=ask)
     """
-    from windowkit.models.binding import task
-
     video = task.make_video(seed, n_frames)
     chunks = [task.video_chunk(video, t) for t in range(n_frames)]
 

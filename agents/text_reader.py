@@ -38,12 +38,14 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from windowkit.backends.hf import HFBackend
 from windowkit.benchmarks import real_tasks as rt
 from windowkit.benchmarks.real import Answer, TextCodec, greedy_answer, number_done, prefix_cache_tokens
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
 from windowkit.kv.layout import concat
 from windowkit.kv.metrics import kl_divergence
+from windowkit.window import Window
 
 
 @dataclass
@@ -158,8 +160,6 @@ class TextReaderAgent:
 
     def __init__(self, model: Any, tok: Any, k: int = 5, window: Optional[dict] = None, max_new: int = 6,
                  threads: Optional[int] = None, engine: Any = None):
-        from windowkit.backends.hf import HFBackend
-
         if int(k) < 1:
             raise WindowkitError(f"k must be >= 1 entry, got {k}")
         if int(max_new) < 1:
@@ -179,8 +179,6 @@ class TextReaderAgent:
         self.prefix = self.codec.prefix()
 
     def run(self, log: Log, on_step: Optional[Callable[[StepRow], None]] = None) -> TextReport:
-        from windowkit.window import Window
-
         if not log.plan:
             raise WindowkitError("the log has no steps")
         need = max(max(s.chunks) for s in log.plan) + 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from windowkit.errors import ChunkError
 
@@ -340,7 +341,6 @@ def sample_qwen_video(video: Any, image_patch_size: int = 14, **sampling: Any) -
     cv2 = _cv2()
     ele = qwen_video_element(video, **sampling)
     vp = _qwen_vl_utils()
-    import torch
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms import functional as tvF
 

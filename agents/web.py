@@ -37,10 +37,12 @@ import torch
 from agents.common import common_prefix_tokens
 from agents.long_video import FrameEncoder, sum_deltas
 from agents.video_io import Frame
+from windowkit.backends.hf import HFBackend
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
 from windowkit.kv.metrics import kl_divergence
 from windowkit.trace.record import recording
+from windowkit.window import Window
 
 #: ``win.stats`` fields logged per step (deltas); ``vision_calls`` is the backend's delta
 STAT_FIELDS = ("encodes", "patch_forms", "patch_reuses", "patch_applies", "relocations", "prefill_tokens",
@@ -135,9 +137,6 @@ class WebAgent:
     def __init__(self, model: Any, *, window: int = 3, viewport: tuple[int, int] = (168, 112),
                  rank: Optional[int] = 32, mode: str = "patch", form: str = "eager", reference: bool = True,
                  model_path: Optional[str] = None, max_new_tokens: int = 4, record: Union[str, Path, None] = None):
-        from windowkit.backends.hf import HFBackend
-        from windowkit.window import Window
-
         if int(window) < 1:
             raise WindowkitError(f"window must be >= 1 screenshot, got {window}")
         self.window = int(window)

@@ -50,15 +50,19 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
+from transformers import AutoTokenizer
 
 from agents.common import common_prefix_tokens
 from agents.long_video import FrameEncoder, byte_ids, sum_deltas
 from agents.video_io import Frame
 from agents.web import ScreenshotError
+from windowkit.backends.hf import HFBackend
 from windowkit.chunk import Chunk
 from windowkit.errors import WindowkitError
 from windowkit.kv.metrics import kl_divergence
 from windowkit.trace.record import recording
+from windowkit.trace.report import timeline, timeline_image
+from windowkit.window import Window
 
 CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium  (Debian's package; `make chromium` does this)"
 STAT_FIELDS = ("encodes", "patch_forms", "patch_reuses", "patch_applies", "relocations", "prefill_tokens",
@@ -633,9 +637,6 @@ class BrowserAgent:
                  model_path: Optional[str] = None, reference: bool = False, record: Union[str, Path, None] = None,
                  rank: Optional[int] = 32, mode: str = "patch", form: Optional[str] = None,
                  prompts: Prompts = Prompts()):
-        from windowkit.backends.hf import HFBackend
-        from windowkit.window import Window
-
         if int(window) < 1:
             raise WindowkitError(f"window must be >= 1 observation, got {window}")
         if text not in ("dom", "ax"):
@@ -665,8 +666,6 @@ class BrowserAgent:
     def _default_tokenizer(model: Any, model_path: Optional[str]) -> Callable[[str], Sequence[int]]:
         if model_path:
             try:
-                from transformers import AutoTokenizer
-
                 tok = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
                 return lambda s: tok(s, add_special_tokens=False)["input_ids"]
             except Exception:  # no tokenizer files: the byte stand-in
@@ -801,8 +800,6 @@ def plot_run(report: BrowserReport, trace: Any, path: Union[str, Path], title: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import BoundaryNorm
-
-    from windowkit.trace.report import timeline, timeline_image
 
     orders = [st.context for st in trace]
     n = len(report.steps)

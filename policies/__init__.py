@@ -13,8 +13,11 @@ checkout without it. Placement and refresh policies load lazily (PEP 562 ``__get
 """
 
 # ---------------------------------------------------------------- eviction
+import importlib
+
 from policies.eviction import (EVICTION_POLICIES, FIFO, LFU, LRU, Belady, EvictionPolicy, SizeAware,
                                make_eviction_policy)
+from windowkit.registry import register_factory
 
 _EVICTION_EXPORTS = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SizeAware", "Belady", "EVICTION_POLICIES",
                      "make_eviction_policy"]
@@ -35,12 +38,12 @@ def __getattr__(name: str):
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'policies' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(mod), name)
 # ---------------------------------------------------------------- end of placement and refresh block
 
 
+# the makers registered below import their modules on first use, as __getattr__ does: `import policies` stays
+# the eviction policies only
 def _make_refresh(spec=None):
     from policies.refresh import make_refresh
 
@@ -69,8 +72,6 @@ def _register() -> None:
     """windowkit finds the refresh and placement makers, and their names, by family (``windowkit.registry``:
     ``make_policy``, ``names``); the eviction policies registered themselves when ``policies.eviction`` was
     imported above."""
-    from windowkit.registry import register_factory
-
     register_factory("refresh", _make_refresh, names=_refresh_names)
     register_factory("placement", _make_placement, names=_placement_names)
 

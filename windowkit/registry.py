@@ -15,6 +15,8 @@ Eviction policies have their own registry of classes (``windowkit.store.eviction
 """
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable, Optional
 
 from windowkit.errors import PolicyError
@@ -34,14 +36,11 @@ def load_providers() -> None:
     global _providers_loaded
     if _providers_loaded:
         return
-    from importlib.metadata import entry_points
 
     eps = list(entry_points(group=ENTRY_POINT_GROUP))
     for ep in eps:
         ep.load()
     if not eps:
-        import importlib
-
         try:
             importlib.import_module("policies")
         except ModuleNotFoundError as e:

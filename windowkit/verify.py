@@ -19,18 +19,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from typing import Any, Optional, Sequence
 
 import torch
+import transformers
+from tqdm import tqdm
 
 from windowkit.backends.hf import HFBackend
-from windowkit.models.load import load_model
+from windowkit.backends.tiny import synthetic_image_chunk
 from windowkit.chunk import Chunk
 from windowkit.kv.layout import concat
 from windowkit.kv.metrics import eta, kl_divergence
 from windowkit.kv.patch import form_orbit_patch, form_patch, orderings, place
+from windowkit.models.load import load_model
+from windowkit.models.smollm2 import load_tokenizer
+from windowkit.models.texts import PASSAGES, QUESTIONS
 
 DEFAULT_MODELS = ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-deepseek-v3", "tiny-llama", "tiny-qwen2"]
 DEFAULT_RANKS: list[Optional[int]] = [1, 4, 16, 32, 64, None]
@@ -38,8 +44,6 @@ DEFAULT_RANKS: list[Optional[int]] = [1, 4, 16, 32, 64, None]
 
 def _text_chunks(tok: Any, seed: int, n: int = 3) -> list[Chunk]:
     """``n`` real-text chunks: chat header + passage, passages, then a question closing the user turn."""
-    from windowkit.models.texts import PASSAGES, QUESTIONS
-
     msgs = [{"role": "user", "content": "\x00"}]
     shell = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     head, tail = shell.split("\x00")
@@ -53,14 +57,9 @@ def _text_chunks(tok: Any, seed: int, n: int = 3) -> list[Chunk]:
 def _tokenizer_for(name: str) -> Any:
     """The tokenizer of a real text model (smollm2, or a local folder with a chat template); None otherwise."""
     if name == "smollm2":
-        from windowkit.models.smollm2 import load_tokenizer
-
         return load_tokenizer()
-    import os
 
     if os.path.isdir(name) and os.path.isfile(os.path.join(name, "tokenizer_config.json")):
-        import transformers
-
         tok = transformers.AutoTokenizer.from_pretrained(name)
         return tok if getattr(tok, "chat_template", None) else None
     return None
@@ -78,8 +77,6 @@ def _chunks(backend: HFBackend, seed: int, tok: Any = None) -> tuple[Chunk, Chun
         return Chunk.text(torch.randint(lo, vocab, (n,), generator=g), id=f"{tag}{seed}")
 
     if backend.model_type in ("qwen2_5_vl", "qwen3_vl"):
-        from windowkit.backends.tiny import synthetic_image_chunk
-
         grid = (1, 16, 16)  # 256 patches -> 64 merged image tokens (both Qwen-VL families merge 2x2)
         a = synthetic_image_chunk(backend.model, grid, seed=1000 + seed, id=f"A{seed}", text_before=8)
         b = synthetic_image_chunk(backend.model, grid, seed=2000 + seed, id=f"B{seed}", text_before=8)
@@ -142,8 +139,6 @@ def _orbit_k3(be: HFBackend, rank: int = 16, tok: Any = None) -> dict:
     """Reorder at K=3: the orbit patch (mean deficit over the other 5 orderings, the test ordering held
     out) against the test ordering's own patch, both as eta over blind reuse, averaged over the 6 tests."""
     if tok is not None:  # passages without the chat header (a header would move with the permutations)
-        from windowkit.models.texts import PASSAGES, QUESTIONS
-
         def tc(text: str, cid: str) -> Chunk:
             return Chunk.text(torch.tensor(tok(text, add_special_tokens=False).input_ids), id=cid)
 
@@ -211,7 +206,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     models = args.model or DEFAULT_MODELS
     results = []
-    from tqdm import tqdm
 
     for name in tqdm(models, desc="verify", unit="model", file=sys.stderr):
         t0 = time.time()

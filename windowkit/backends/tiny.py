@@ -9,25 +9,25 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                          LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2_5_VLConfig,
+                          Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
+
+from windowkit.chunk import Chunk
+from windowkit.errors import UnsupportedModelError
 
 
 def _llama() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096))
 
 
 def _qwen2() -> Any:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     return Qwen2ForCausalLM(Qwen2Config(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096))
 
 
 def _deepseek_v3() -> Any:
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
     return DeepseekV3ForCausalLM(DeepseekV3Config(
         vocab_size=200, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=48, qk_rope_head_dim=16,
@@ -36,8 +36,6 @@ def _deepseek_v3() -> Any:
 
 
 def _deepseek_v2() -> Any:
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
-
     return DeepseekV2ForCausalLM(DeepseekV2Config(
         vocab_size=200, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=48, qk_rope_head_dim=16,
@@ -49,8 +47,6 @@ _VL_IDS = dict(image_token_id=5, video_token_id=6, vision_start_token_id=3, visi
 
 
 def _qwen2_5_vl() -> Any:
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
     return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
         text_config=dict(vocab_size=200, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
@@ -63,8 +59,6 @@ def _qwen2_5_vl() -> Any:
 
 
 def _qwen3_vl() -> Any:
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
     return Qwen3VLForConditionalGeneration(Qwen3VLConfig(
         text_config=dict(vocab_size=200, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
@@ -89,8 +83,6 @@ TINY_MODELS: dict[str, Callable[[], Any]] = {
 def build(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
     """Build a tiny random model by name, seeded, in eval mode."""
     if name not in TINY_MODELS:
-        from windowkit.errors import UnsupportedModelError
-
         raise UnsupportedModelError(f"unknown tiny model {name!r}; choose from {', '.join(TINY_MODELS)}")
     torch.manual_seed(seed)
     model = TINY_MODELS[name]()
@@ -109,8 +101,6 @@ def synthetic_image_chunk(model: Any, grid: tuple[int, int, int] = (1, 8, 8), se
                           text_before: int = 0) -> "Any":
     """An image chunk for a tiny Qwen-VL model: [text..., <vision_start>, <image_pad> x n, <vision_end>]
     with random pixels of the right patch size (no processor, no downloads)."""
-    from windowkit.chunk import Chunk
-
     cfg = model.config
     vc = cfg.vision_config
     t, h, w = grid

@@ -50,6 +50,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import transformers
+from tqdm.auto import tqdm
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+import windowkit
+from windowkit.backends.hf import HFBackend
+from windowkit.chunk import Chunk
+from windowkit.kv import apply_patch, concat, form_patch, kl_divergence, place
+from windowkit.kv.layout import ChunkKV
+from windowkit.kv.patch import reconstruction_error
 
 QUERY_TOKENS = 16
 FULL_LENGTHS = (256, 512, 1024, 2048)
@@ -134,10 +144,6 @@ def _cpu_name() -> str:
 
 
 def _env(device: torch.device, dtype: str) -> dict[str, Any]:
-    import transformers
-
-    import windowkit
-
     env = {
         "torch": torch.__version__, "transformers": transformers.__version__, "windowkit": windowkit.__version__,
         "python": platform.python_version(), "platform": platform.platform(), "cpu": _cpu_name(),
@@ -154,8 +160,6 @@ def _env(device: torch.device, dtype: str) -> dict[str, Any]:
 def build_model(preset: str = "qwen2.5-0.5b", n_layers: Optional[int] = None, dtype: str = "fp32",
                 device: str = "cpu", seed: int = 0) -> Any:
     """Random-weight Qwen2ForCausalLM of the given preset shape (seeded), in eval mode."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     kw = dict(PRESETS[preset])
@@ -177,8 +181,6 @@ def experimental_fused_place(canon, delta: int, spec, patch, out=None, scratch: 
     Supports GQA, half pairing, a uniform integer delta and a patch on every layer; raises
     NotImplementedError otherwise.
     """
-    from windowkit.kv.layout import ChunkKV
-
     lay = canon.layout
     if lay.family != "gqa" or spec.pairing != "half" or not isinstance(delta, int):
         raise NotImplementedError("experimental fused path: GQA, half pairing, integer delta only")
@@ -279,17 +281,11 @@ def experimental_batched_place(st: dict[str, torch.Tensor], delta: int, spec, ou
 
 # ---------------------------------------------------------------------- one segment length
 def _rel_err(a, b) -> float:
-    from windowkit.kv.patch import reconstruction_error
-
     return reconstruction_error(a, b)
 
 
 def _bench_length(be, L: int, C: int, rank: int, reps: dict[str, int], device: torch.device,
                   gen: torch.Generator, bar: Optional[Any]) -> dict[str, Any]:
-    from windowkit.chunk import Chunk
-    from windowkit.kv import apply_patch, concat, form_patch, kl_divergence, place
-    from windowkit.kv.layout import ChunkKV
-
     def step(name: str) -> None:
         if bar is not None:
             bar.set_postfix_str(f"L={L} {name}")
@@ -465,8 +461,6 @@ def run(quick: bool = False, json_path: Optional[str] = None, lengths: Optional[
 
 def _run(quick, json_path, lengths, rank, dtype, device, progress, preset, n_layers, context, repeats, seed,
          budget_s) -> dict[str, Any]:
-    from windowkit.backends.hf import HFBackend
-
     t_start = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     dev = torch.device(device)
@@ -512,12 +506,7 @@ def _run(quick, json_path, lengths, rank, dtype, device, progress, preset, n_lay
     rows = []
     bar = None
     if progress:
-        try:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(lengths, desc="bench kv", unit="len", file=sys.stderr)
-        except ImportError:  # tqdm is optional
-            bar = None
+        bar = tqdm(lengths, desc="bench kv", unit="len", file=sys.stderr)
     skipped = []
     last = None  # (L, seconds) of the previous length, to project the next one
     for L in lengths:

@@ -33,6 +33,7 @@ the window before the step is built once per history and forked for every strate
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -43,12 +44,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+from tqdm import tqdm
 
+from windowkit.backends.hf import HFBackend
 from windowkit.benchmarks import real_tasks as rt
 from windowkit.chunk import Chunk
 from windowkit.errors import WindowkitError
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.metrics import kl_divergence
+from windowkit.models import smollm2
+from windowkit.models.load import load_model
+from windowkit.registry import make_policy
+from windowkit.window import Window
+from windowkit.window.plan import RepairRule
 
 TASKS = ("retrieval", "two-doc", "stream")
 HISTORIES = ("admit", "slide", "insert", "recall", "reorder")
@@ -189,10 +197,6 @@ class AnswerMemo:
 def has_repair() -> bool:
     """Does this Window take the survivor-repair arguments (``repair=``, ``fidelity=``)? They arrive in a later
     Window; the benchmark runs before and after."""
-    import inspect
-
-    from windowkit.window import Window
-
     try:
         params = inspect.signature(Window.__init__).parameters
     except (TypeError, ValueError):
@@ -219,8 +223,6 @@ class Strategy:
 
 
 def _refresh(spec: str) -> Callable[[Any], Any]:
-    from windowkit.registry import make_policy  # the refresh policies live in ``policies``, registered there
-
     def run(win: Any) -> Any:
         return make_policy("refresh", spec).apply(win)
     return run
@@ -280,8 +282,6 @@ def derive(base: Any, backend: Any, kwargs: dict) -> Any:
     Valid because an admit-only patch window (lazy forming) is the same whatever the rank, repair rule or
     removal setting: those act from the next edit on. Blind: the clean fork (every chunk its relocated canonical).
     """
-    from windowkit.window import Window
-
     tmpl = Window(backend, store=None, **kwargs)
     win = base.fork(clean=kwargs.get("mode") == "blind")
     for a in _SETTINGS:
@@ -430,8 +430,6 @@ def score(out: Outcome, exact: Answer, codec: TextCodec, answer: str) -> dict:
 def run_history(item: rt.Item, hist_name: str, tag: str, codec: TextCodec, backend: SharedForwards,
                 strategies: dict[str, Strategy], prefix: Chunk) -> dict[str, dict]:
     """Every strategy on one (item, history): {strategy: row} (rows carry the prefix cache's cost too)."""
-    from windowkit.window import Window
-
     docs = [codec.chunk(t, f"{tag}-d{i}") for i, t in enumerate(item.docs)]
     spare = codec.chunk(item.extra[0], f"{tag}-e0")
     hist = make_history(hist_name, docs, spare)
@@ -477,8 +475,6 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
                strategies: dict[str, Strategy], prefix: Chunk, k: int, steps: int, n_filler: int) -> list[dict]:
     """One log: every strategy keeps its own Window over all steps (``assign`` per step, ``prefetch`` between
     steps); the exact window gives the reference. Returns one {strategy: row} dict per step."""
-    from windowkit.window import Window
-
     texts, facts = rt.stream_log(rng, steps + k, n_filler)
     chunks = [codec.chunk(t, f"{tag}-c{i}") for i, t in enumerate(texts)]
     plan = rt.stream_plan(rng, facts, k, steps)
@@ -710,12 +706,6 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
         on_item: Optional[Callable[[dict], None]] = None) -> dict:
     """The benchmark; returns the result dict (meta, summary, pooled, raw rows). ``on_item`` gets the partial
     result after every item (the CLI writes it, so a run cut short still leaves its numbers)."""
-    from tqdm import tqdm
-
-    from windowkit.backends.hf import HFBackend
-    from windowkit.models.load import load_model
-    from windowkit.models import smollm2
-
     for t in tasks:
         if t not in TASKS:
             raise WindowkitError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
@@ -735,8 +725,6 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
     names = list(every) if strategies is None else list(strategies)
     for s in names:
         if s not in every and s.startswith("repair-") and has_repair():  # any rule: repair-<spec>
-            from windowkit.window.plan import RepairRule
-
             spec = RepairRule.parse(s[len("repair-"):]).name  # raises WindowkitError on a bad spec
             every[s] = Strategy(s, {"mode": "patch", "rank": 32, "repair": spec}, note=f"Window(repair={spec!r})")
         if s not in every:

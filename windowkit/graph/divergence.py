@@ -28,6 +28,8 @@ import math
 from operator import sub
 from typing import Any, Callable, Optional, Sequence
 
+import torch
+
 from windowkit.errors import WindowkitError
 
 Embed = Callable[[str], Any]  # chunk id -> tensor-like embedding ([d] or [tokens, d])
@@ -85,8 +87,6 @@ def _structural(formed_on: Sequence[str], current: Sequence[str], ordered: bool)
 
 
 def _mean_embedding(ids: list[str], embed: Embed):
-    import torch  # only the hook needs tensors
-
     vecs = []
     for i in ids:
         e = torch.as_tensor(embed(i)).detach().float()
@@ -100,7 +100,6 @@ def _cosine(formed_on: Sequence[str], current: Sequence[str], embed: Embed) -> f
         return 0.0
     if not f or not c:
         return 1.0
-    import torch
 
     a, b = _mean_embedding(list(formed_on), embed), _mean_embedding(list(current), embed)
     if a.shape != b.shape:

@@ -138,7 +138,9 @@ def _inv_freq_from_config(text_config: Any, rope_type: str) -> torch.Tensor:
             head_dim = text_config.hidden_size // text_config.num_attention_heads
         dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0) or 1.0))
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # scaled types: the model's own math
+    # scaled types: the model's own math; imported here so windowkit.kv (and the store, graph, policies) never
+    # loads transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     inv_freq, _attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](text_config, "cpu")
     return inv_freq

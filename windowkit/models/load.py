@@ -8,12 +8,17 @@ so ``windowkit.backends`` never imports ``windowkit.models``.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
+import transformers
 
+from windowkit.backends import tiny
 from windowkit.backends.hf import VL_FAMILIES
 from windowkit.errors import UnsupportedModelError
+from windowkit.models import smollm2
+from windowkit.models.binding.model import load
 
 
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> Any:
@@ -24,25 +29,17 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: st
         model = load_model("binding")       # a small trained Qwen2.5-VL that answers questions over frames
         model = load_model("smollm2")       # converted once to safetensors in ~/.cache/windowkit, then ~1 s
     """
-    from windowkit.backends import tiny
-
     if name_or_path in tiny.TINY_MODELS:
         return tiny.build(name_or_path, dtype=dtype, seed=seed).to(device)
     if name_or_path == "binding":
-        from windowkit.models.binding.model import load
-
         return load().to(dtype=dtype, device=device)
     if name_or_path == "smollm2":
-        from windowkit.models import smollm2
-
         return smollm2.load(dtype=dtype, device=device)
-    import os
 
     if not os.path.isdir(name_or_path):
         raise UnsupportedModelError(
             f"{name_or_path!r} is neither a built-in model ({', '.join(tiny.TINY_MODELS)}, binding, smollm2) nor a local folder"
         )
-    import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(name_or_path)
     if getattr(cfg, "model_type", "") in VL_FAMILIES:

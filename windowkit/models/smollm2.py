@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
+import transformers
 
 from windowkit.errors import UnsupportedModelError
 
@@ -90,7 +91,6 @@ def _convert(src: Path, folder: Path, stamp: dict) -> None:
     for mod, pkg in (("gguf", "gguf==0.19.0"), ("accelerate", "accelerate")):
         if importlib.util.find_spec(mod) is None:
             raise UnsupportedModelError(f"converting the SmolLM2 GGUF needs {pkg}; install it with: {INSTALL}")
-    import transformers
 
     print(f"windowkit: converting {src.name} to a safetensors checkpoint in {folder} (once, ~20 s)", flush=True)
     tok = transformers.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
@@ -126,16 +126,12 @@ def _convert(src: Path, folder: Path, stamp: dict) -> None:
 
 def load(dtype: torch.dtype = torch.float32, device: str = "cpu", cache_dir: Optional[Union[str, Path]] = None) -> Any:
     """The model, from the converted checkpoint folder (converted first if needed)."""
-    import transformers
-
     folder = checkpoint_dir(cache_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     return model.to(device).eval()
 
 
 def load_tokenizer(cache_dir: Optional[Union[str, Path]] = None) -> Any:
-    import transformers
-
     return transformers.AutoTokenizer.from_pretrained(str(checkpoint_dir(cache_dir)))
 
 

@@ -28,6 +28,7 @@ import atexit
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -432,7 +433,6 @@ def _binary(name: str) -> str:
     here = Path(sys.executable).parent / name
     if here.exists():
         return str(here)
-    import shutil
 
     found = shutil.which(name)
     if found is None:
@@ -517,8 +517,6 @@ class LocalMooncake:
                 p.kill()  # SIGKILL also ends a SIGSTOPped master
                 p.wait()
         if self._own_logs:
-            import shutil
-
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalMooncake":

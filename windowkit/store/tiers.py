@@ -30,6 +30,7 @@ from windowkit.store.backend import EmbeddedBackend, StoreBackend
 from windowkit.store.disk import AuthFailed, CorruptEntry, DiskTier, EntryId, header_metadata, layout_from_json, \
     layout_to_json
 from windowkit.store.eviction import LRU
+from windowkit.store.mooncake import MooncakeBackend
 
 CANONICAL, PATCH = "c", "p"
 PATCH_PREFIX = "patch."  # Patch.to_tensors() metadata, namespaced in the file / shared value header
@@ -390,8 +391,6 @@ def open_backend(shared: "StoreBackend | str", model_fingerprint: Optional[str],
     if isinstance(shared, str):
         if shared != "mooncake":
             raise WindowkitError(f"shared must be a StoreBackend, 'mooncake' or None, got {shared!r}")
-        from windowkit.store.mooncake import MooncakeBackend  # lazy: mooncake is an optional dependency
-
         shared, owned = MooncakeBackend.from_env(namespace=model_fingerprint, auth_key=auth), True
     if not isinstance(shared, StoreBackend):
         raise WindowkitError(f"shared must implement StoreBackend, got {type(shared).__name__}")

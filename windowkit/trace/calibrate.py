@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 from windowkit.errors import WindowkitError
 from windowkit.trace.costs import CostProfile
+from windowkit.trace.measure import measure_profile
 
 DEFAULT_OUT = "windowkit-profile.json"
 _UNITS = {"kv_bytes_per_token": "bytes", "patch_bytes_per_token": "bytes"}
@@ -88,8 +89,6 @@ def calibrate(model: str = "tiny-qwen2", vl_model: str = "tiny-qwen2.5-vl", toke
         prof = calibrate(tokens=64, repeats=1)
         prof.save("windowkit-profile.json")
     """
-    from windowkit.trace.measure import measure_profile
-
     _check(tokens, threads, repeats, rank)
     p = measure_profile(model=model, vl_model=vl_model, tokens=tokens, rank=rank, repeats=repeats, threads=threads)
     # measure_profile names its result "cpu-tiny" (the built-in); a calibration is this machine's own

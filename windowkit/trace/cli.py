@@ -21,6 +21,7 @@ from windowkit.registry import names
 from windowkit.store.eviction import eviction_names
 from windowkit.trace.generators import GENERATORS
 from windowkit.trace.io import read_trace
+from windowkit.trace.report import write_report
 from windowkit.trace.run import DEFAULT_STRATEGIES, STRATEGIES, simulate
 from windowkit.trace.schema import Trace
 from windowkit.trace.strategies import STORE_POLICY_ALIASES
@@ -105,8 +106,6 @@ def run_cli(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(s, indent=2) + "\n", encoding="utf-8")
     if args.out:
-        from windowkit.trace.report import write_report  # matplotlib only when a report is asked for
-
         print(f"writing the report to {args.out} ...", flush=True)
         paths = write_report(res, args.out, trace=trace)
         print(f"report: {paths['html']}")

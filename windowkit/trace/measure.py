@@ -20,6 +20,10 @@ from typing import Callable
 
 import torch
 
+from windowkit.backends import tiny
+from windowkit.backends.hf import HFBackend
+from windowkit.chunk import Chunk
+from windowkit.kv.patch import form_patch, place
 from windowkit.trace.costs import CostProfile
 
 
@@ -36,11 +40,6 @@ def _median_ms(fn: Callable[[], object], repeats: int) -> float:
 def measure_profile(model: str = "tiny-qwen2", vl_model: str = "tiny-qwen2.5-vl", tokens: int = 512, rank: int = 32,
                     repeats: int = 5, threads: int = 1) -> CostProfile:
     """Time the operations the simulator charges on tiny models; returns a ``cpu-tiny`` CostProfile."""
-    from windowkit.backends import tiny
-    from windowkit.backends.hf import HFBackend
-    from windowkit.chunk import Chunk
-    from windowkit.kv.patch import form_patch, place
-
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

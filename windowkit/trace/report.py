@@ -24,9 +24,11 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from windowkit.trace.schema import ChunkRef, Step, Trace
+import numpy as np
+
 from windowkit.trace.orders import resolve_orders
 from windowkit.trace.result import SimResult
+from windowkit.trace.schema import ChunkRef, Step, Trace
 
 MAX_POINTS = 2000  # per-step series longer than this are plotted as bin means
 SMOOTH_FROM = 100  # cost-per-step plots of longer runs add a rolling mean
@@ -234,8 +236,6 @@ def plot_cumulative(result: SimResult, path: Path) -> Path:
 def plot_hit_miss(result: SimResult, path: Path, served_tokens: Optional[int] = None) -> Path:
     """Left: tokens prefilled vs context tokens served without a prefill (when ``served_tokens`` is known).
     Right: operation counts per strategy (log scale; zero counts draw no bar)."""
-    import numpy as np
-
     fig = _figure(12, 4.8)
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.6])
     names = result.strategies
@@ -283,8 +283,6 @@ def timeline_image(orders: Sequence[Sequence[ChunkRef]], width: int = 800, heigh
 
         timeline_image([[A, B], [B, C]])[0]   # [[0, nan], [1, 0], [nan, 1]]
     """
-    import numpy as np
-
     ids, cells = timeline(orders)
     n_t, n_r = max(len(orders), 1), max(len(ids), 1)
     w, h = min(n_t, width), min(n_r, height)
@@ -298,7 +296,6 @@ def timeline_image(orders: Sequence[Sequence[ChunkRef]], width: int = 800, heigh
 def plot_timeline(result: SimResult, orders: Sequence[Sequence[ChunkRef]], path: Path) -> Path:
     """Steps across, chunks down (by first appearance), each held chunk coloured by its slot in the window."""
     import matplotlib
-    import numpy as np
     from matplotlib.colors import BoundaryNorm
     from matplotlib.ticker import MaxNLocator
 

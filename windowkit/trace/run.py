@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
+from tqdm import tqdm
+
 from windowkit.trace.costs import CostProfile, load_profile
 from windowkit.trace.floor import FloorStrategy
 from windowkit.trace.orders import resolve_placement
@@ -102,12 +104,7 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
     it = zip(steps, orders)
     bar = None
     if show:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(steps), desc=f"simulate {getattr(trace, 'name', '')}".strip(), unit="step")
-        except ImportError:  # tqdm is a dependency, but a bar is never worth failing a run for
-            bar = None
+        bar = tqdm(total=len(steps), desc=f"simulate {getattr(trace, 'name', '')}".strip(), unit="step")
     for step, ctx in it:
         for s in strats:
             t0 = time.perf_counter()

@@ -39,6 +39,7 @@ from windowkit.store.store import CANONICAL
 from windowkit.trace.backend import CostModelBackend
 from windowkit.trace.costs import CostProfile
 from windowkit.trace.schema import ChunkRef, Step
+from windowkit.window import Window
 
 # store policy names the simulator accepts beside the eviction registry's (``--store-policy gds``)
 STORE_POLICY_ALIASES = {"gds": "size"}
@@ -354,8 +355,6 @@ class WindowkitStrategy(Strategy):
         return make_eviction_policy(spec)  # a name the registry does not know: PolicyError (a WindowkitError)
 
     def reset(self, profile: CostProfile) -> None:
-        from windowkit.window import Window
-
         super().reset(profile)
         self.backend = CostModelBackend(profile, vision_cache=self.vision_cache)
         self.store = _MeteredStore(budget_bytes=self.budget, model_fingerprint=self.backend.fingerprint(),

@@ -22,11 +22,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import tempfile
 from typing import Any, Optional, Sequence
 
 import torch
 
 from windowkit.backends.base import ForwardResult
+from windowkit.backends.sglang.cpu_engine import CPUEngine
 from windowkit.backends.sglang.plan import PLAN_KEY, Segment, SegMode, WindowPlan
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, UnsupportedModelError
@@ -121,7 +123,7 @@ class SGLangBackend:
             raise UnsupportedModelError("SGLangBackend.launch needs a CUDA GPU; on a CPU use "
                                         "SGLangBackend.launch_cpu (Llama-family models, see docs/backends.md)")
         try:
-            import sglang
+            import sglang  # optional heavy dependency: only a launched engine needs it
         except ImportError as e:
             raise UnsupportedModelError(f"SGLangBackend needs sglang (pip install sglang==0.5.23): {e}") from None
         engine = sglang.Engine(model_path=model_path, page_size=page_size,
@@ -130,8 +132,6 @@ class SGLangBackend:
                                unified_cache_external_linker_config=linker_config(kv_backend.fingerprint(), stats_path),
                                **engine_kwargs)
         if spool_dir is None:  # an in-process ("mem:") handle is never found by a scheduler process
-            import tempfile
-
             spool_dir = tempfile.mkdtemp(prefix="windowkit-spool-")
         return cls(engine, kv_backend, page_size=page_size, spool_dir=spool_dir, config=config,
                    share_exact=share_exact)
@@ -144,13 +144,9 @@ class SGLangBackend:
         engine, ``torch_native`` attention, fp32, the sgl_kernel stand-in) with the windowkit linker; raises
         ``cpu_engine.EngineStartError`` with SGLang's reason when it cannot start. ``shutdown()`` stops it.
         ``device="cuda"``: the same hosted Engine on one GPU with SGLang's own kernels (scripts/gpu_check.sh)."""
-        from windowkit.backends.sglang.cpu_engine import CPUEngine
-
         engine = CPUEngine.start(model_path, linker=linker_config(kv_backend.fingerprint(), stats_path),
                                  log_path=log_path, page_size=page_size, device=device, **engine_kwargs)
         if spool_dir is None:
-            import tempfile
-
             spool_dir = tempfile.mkdtemp(prefix="windowkit-spool-")
         return cls(engine, kv_backend, page_size=page_size, spool_dir=spool_dir, config=config,
                    share_exact=share_exact)

@@ -29,11 +29,14 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import urllib.request
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Optional
 
@@ -251,8 +254,6 @@ def server_command(model_path: str, *, port: int, linker: Optional[dict] = None,
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -304,8 +305,6 @@ class CPUServer:
         return srv
 
     def _request(self, method: str, path: str, body: Optional[dict], timeout: float) -> Any:
-        import urllib.request
-
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
@@ -364,15 +363,13 @@ def _host(reply_fd: int, kwargs: dict) -> int:
 
     t0 = time.perf_counter()
     try:
-        import sgl_kernel
+        import sgl_kernel  # optional heavy dependencies: only the engine's child process loads them
         import sglang
 
         engine = sglang.Engine(**kwargs)
     except BaseException as e:  # SGLang's reason goes back to the caller
         send({"ok": False, "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
         return 1
-    from importlib.metadata import entry_points
-
     send({"ok": True, "pid": os.getpid(), "start_s": time.perf_counter() - t0,
           "sgl_kernel": getattr(sgl_kernel, "__file__", None), "sgl_kernel_is_shim": bool(getattr(sgl_kernel, "SHIM", False)),
           "plugins": [f"{ep.name}={ep.value}" for ep in entry_points(group="sglang.srt.plugins")],

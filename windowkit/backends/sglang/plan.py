@@ -29,10 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from windowkit.errors import KVShapeError, WindowkitError
 from windowkit.kv.layout import ChunkKV, KVLayout
@@ -99,9 +101,7 @@ def page_hashes(token_ids: Sequence[int], page_size: int, *, extra_key: Optional
                 cache_salt: Optional[str] = None) -> list[str]:
     """SGLang's chained storage hashes of the full pages of ``token_ids`` from the sequence head, seeded by
     the request namespace (``extra_key``, ``cache_salt``): the keys the linker is asked about."""
-    from array import array
-
-    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.radix_cache import RadixKey  # optional heavy dependency: sglang's own hash
     from sglang.srt.mem_cache.utils import get_storage_hash_str
 
     n = len(token_ids) // page_size * page_size
@@ -262,8 +262,6 @@ class WindowPlan:
 # ---------------------------------------------------------------------- payload files (safetensors, no pickle)
 def save_kv(kv: ChunkKV, path: str) -> None:
     """Write ``kv`` as one safetensors file (atomic rename)."""
-    from safetensors.torch import save_file
-
     tmp = f"{path}.tmp-{os.getpid()}"
     save_file({k: v.detach().cpu().contiguous() for k, v in kv.to_tensors().items()}, tmp,
               metadata={"windowkit": "plan-kv", "layout": json.dumps(layout_to_json(kv.layout))})
@@ -271,8 +269,6 @@ def save_kv(kv: ChunkKV, path: str) -> None:
 
 
 def load_kv(path: str, layout: KVLayout) -> ChunkKV:
-    from safetensors.torch import load_file
-
     if not os.path.exists(path):
         raise KVShapeError(f"plan KV file {path} does not exist")
     try:

@@ -41,7 +41,7 @@ def on_generate_request(scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any
 
 
 def _register_request(recv_req: Any) -> None:
-    from windowkit.backends.sglang.linker import REGISTRY
+    from windowkit.backends.sglang.linker import REGISTRY  # the linker imports sglang (optional, heavy)
 
     sp = getattr(recv_req, "sampling_params", None)
     custom = getattr(sp, "custom_params", None) if not isinstance(sp, dict) else sp.get("custom_params")
@@ -67,7 +67,7 @@ def _register_request(recv_req: Any) -> None:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: hook the scheduler's request handler (no GPU needed)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # optional heavy dependency
 
     if any(h is on_generate_request for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])):
         return  # idempotent

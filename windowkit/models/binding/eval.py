@@ -27,9 +27,18 @@ import os
 from typing import Any, Optional, Sequence
 
 import torch
+from tqdm import tqdm
 
+from windowkit.backends.hf import HFBackend
+from windowkit.chunk import Chunk
+from windowkit.errors import WindowkitError
+from windowkit.kv.layout import concat
+from windowkit.kv.patch import place
 from windowkit.models.binding import task
+from windowkit.models.binding.model import load
 from windowkit.models.binding.train import HELDOUT_SEED
+from windowkit.store import ChunkStore
+from windowkit.window import Window
 
 STRATEGIES = ("reprefill", "blind", "rank4", "rank16", "rank64", "blend15")
 CHANCE = {k: 1.0 / len(v) for k, v in task.CANDIDATES.items()}
@@ -46,10 +55,6 @@ def _answer(logits: torch.Tensor, kind: str) -> int:
 def _blend_logits(backend: Any, prefix, chunks, question, fraction: float) -> torch.Tensor:
     """Logits after the window with each frame's blind KV blended: the top ``fraction`` most-deviating
     tokens of each chunk take their in-context KV (see the module docstring)."""
-    from windowkit.chunk import Chunk
-    from windowkit.kv.layout import concat
-    from windowkit.kv.patch import place
-
     full = backend.forward([prefix, *chunks], 0)  # in-context KV of every token, spans per chunk
     parts = [full.kv.slice(0, len(prefix))]
     lo, start = len(prefix), full.spans[0]
@@ -74,10 +79,6 @@ def _blend_logits(backend: Any, prefix, chunks, question, fraction: float) -> to
 
 def item_predictions(backend: Any, item: task.Item, tag: str, strategies: Sequence[str] = STRATEGIES) -> dict:
     """Predicted answer token per strategy for one item (``tag`` makes chunk ids unique)."""
-    from windowkit.chunk import Chunk
-    from windowkit.store import ChunkStore
-    from windowkit.window import Window
-
     prefix = Chunk.text(torch.tensor([task.BOS]), id="__bos__")
     chunks = [task.frame_chunk(item, k, id=f"{tag}-f{k + 1}") for k in range(task.N_FRAMES)]
     out = {}
@@ -98,15 +99,11 @@ def item_predictions(backend: Any, item: task.Item, tag: str, strategies: Sequen
             for c in chunks:
                 win.admit(c)  # stored canonical + stored patch: zero forwards
             if win.stats.patch_reuses != len(chunks):  # every frame must come from its stored patch
-                from windowkit.errors import WindowkitError
-
                 raise WindowkitError(f"rank{rank}: {win.stats.patch_reuses} of {len(chunks)} frames reused a patch")
             logits = win.forward(item.question)
         elif s.startswith("blend"):
             logits = _blend_logits(backend, prefix, chunks, item.question, int(s[5:]) / 100)
         else:
-            from windowkit.errors import WindowkitError
-
             raise WindowkitError(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
         out[s] = _answer(logits, item.kind)
     for c in chunks:
@@ -120,11 +117,6 @@ def evaluate(model: Any = None, n: int = 100, seed: int = HELDOUT_SEED, strategi
 
         res = evaluate(n=50)      # {"multi_hop": {"reprefill": {"accuracy", "n", "ci95"}, ...}, "single_hop": ...}
     """
-    from tqdm import tqdm
-
-    from windowkit.backends.hf import HFBackend
-    from windowkit.models.binding.model import load
-
     model = model if model is not None else load()
     backend = HFBackend(model)
     hits = {k: {s: 0 for s in strategies} for k in task.KINDS}
@@ -172,7 +164,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from windowkit.models.binding.model import load
 
     per_item: list = []
     res = evaluate(load(a.model), a.n, strategies=[s for s in a.strategies.split(",") if s], progress=True,

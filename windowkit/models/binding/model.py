@@ -14,7 +14,9 @@ import os
 from typing import Any, Optional
 
 import torch
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from windowkit.errors import UnsupportedModelError
 from windowkit.models.binding import task
 
 CHECKPOINT_DIR = os.path.join(os.path.dirname(__file__), "checkpoint")
@@ -22,8 +24,6 @@ CHECKPOINT_DIR = os.path.join(os.path.dirname(__file__), "checkpoint")
 
 def config() -> Any:
     """The Qwen2_5_VLConfig of the binding model."""
-    from transformers import Qwen2_5_VLConfig
-
     return Qwen2_5_VLConfig(
         text_config=dict(vocab_size=task.VOCAB, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
@@ -38,18 +38,12 @@ def config() -> Any:
 
 def build(seed: int = 0) -> Any:
     """A freshly initialised binding model (seeded), fp32, in train mode."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
     torch.manual_seed(seed)
     return Qwen2_5_VLForConditionalGeneration(config())
 
 
 def load(path: Optional[str] = None) -> Any:
     """The trained model from ``path`` (default: the committed checkpoint folder), fp32, eval mode."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    from windowkit.errors import UnsupportedModelError
-
     path = path or CHECKPOINT_DIR
     if not os.path.isfile(os.path.join(path, "model.safetensors")):
         raise UnsupportedModelError(f"no binding checkpoint at {path!r}: train one with "

@@ -34,6 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from windowkit.chunk import Chunk
+from windowkit.errors import WindowkitError
 
 GRID = 2  # cells per side: 4 cells, all filled (a 4x4 grid with 12 empty cells stayed at the prior: see docs)
 CELL = 16  # pixels per cell
@@ -143,8 +147,6 @@ def make_item(seed: int, index: int, kind: str | None = None) -> Item:
         question = [Q_CHANGED]
         answer = COLOUR_TOKENS[COLOURS.index(colours[changed])]
     else:
-        from windowkit.errors import WindowkitError
-
         raise WindowkitError(f"kind must be one of {KINDS}, got {kind!r}")
     return Item([draw_frame(l, t) for l, t in zip(layouts, tags)], question, answer, kind, layouts, tags)
 
@@ -198,8 +200,6 @@ def make_training_sequence(seed: int, index: int, n_questions: int = 8, aux: int
 def training_batch(seed: int, indices, n_questions: int = 8, aux: int = 0) -> dict:
     """``batch`` of training sequences: input_ids [B, L] (frames + Q1 A1 .. Qn), answer positions [n] (the
     index of the token after which each answer is predicted) and labels [B, n]."""
-    import torch
-
     seqs = [make_training_sequence(seed, i, n_questions, aux) for i in indices]
     b = batch([it for it, _, _ in seqs])
     qa = torch.tensor([t for _, t, _ in seqs])
@@ -216,8 +216,6 @@ def frame_pixels(rgb: np.ndarray) -> "torch.Tensor":
     """Qwen2-VL processor layout of one frame: [grid_h * grid_w, 3 * TEMPORAL * PATCH * PATCH] float32,
     merge groups contiguous, the frame repeated over the temporal patch (as the processor does for images),
     scaled to [-1, 1]."""
-    import torch
-
     x = torch.from_numpy(rgb).float().permute(2, 0, 1) / 127.5 - 1.0  # [3, H, W]
     g = FRAME // PATCH
     p = x.reshape(3, g // MERGE, MERGE, PATCH, g // MERGE, MERGE, PATCH)
@@ -236,10 +234,6 @@ def frame_ids(tag: int) -> list:
 
 def frame_chunk(item: Item, k: int, id: str = ""):
     """Frame ``k`` of ``item`` as a windowkit image Chunk."""
-    import torch
-
-    from windowkit.chunk import Chunk
-
     return Chunk.image(torch.tensor(frame_ids(item.tags[k])), pixel_values=frame_pixels(item.frames[k]),
                        image_grid_thw=torch.tensor([GRID_THW]), id=id or f"frame{k + 1}")
 
@@ -268,8 +262,6 @@ def make_video(seed: int, n_frames: int) -> Video:
         v = make_video(0, 24)
         v.frames[5], v.tags[5]          # RGB [32, 32, 3], 5 % 3 == 2
     """
-    from windowkit.errors import WindowkitError
-
     if n_frames < 1:
         raise WindowkitError(f"a video needs at least one frame, got n_frames={n_frames}")
     rng = np.random.default_rng([int(seed), 7_000_003])
@@ -291,10 +283,6 @@ def make_video(seed: int, n_frames: int) -> Video:
 def video_chunk(video: Video, t: int):
     """Frame ``t`` of ``video`` as a windowkit image Chunk (id ``v<seed>-frame-<t>``: the same chunk at any
     slot, and never the id of another video's frame)."""
-    import torch
-
-    from windowkit.chunk import Chunk
-
     return Chunk.image(torch.tensor(frame_ids(video.tags[t])), pixel_values=frame_pixels(video.frames[t]),
                        image_grid_thw=torch.tensor([GRID_THW]), id=f"v{video.seed}-frame-{t}", frame_index=t)
 
@@ -320,8 +308,6 @@ def window_question(video: Video, frames, seed: int = 0) -> Question:
     exactly one object's shape: "which object changed shape in the newest frame?"), else single_hop about
     an object in one of its frames, named by that frame's tag (drawn from ``seed`` and the frames).
     """
-    from windowkit.errors import WindowkitError
-
     frames = [int(t) for t in frames]
     if not frames or any(not 0 <= t < len(video) for t in frames):
         raise WindowkitError(f"window frames {frames} must be non-empty and inside 0..{len(video) - 1}")
@@ -345,8 +331,6 @@ def window_question(video: Video, frames, seed: int = 0) -> Question:
 def batch(items: list) -> dict:
     """Model inputs for a list of items: input_ids [B, SEQ_LEN], mm_token_type_ids, pixel_values, image_grid_thw,
     labels [B] (the answer token of each item)."""
-    import torch
-
     ids, pix = [], []
     for it in items:
         seq = [BOS]

@@ -20,6 +20,7 @@ import time
 from typing import Optional, Sequence
 
 import torch
+from tqdm import tqdm
 
 from windowkit.models.binding import model as binding_model
 from windowkit.models.binding import task
@@ -51,8 +52,6 @@ def accuracy(model, seed: int, n: int, bs: int = 64) -> dict:
 def train(steps: int = 4000, batch_size: int = 32, lr: float = 5e-3, seed: int = 0, out: Optional[str] = None,
           eval_every: int = 250, progress: bool = True, questions: int = 8, aux: int = 0) -> dict:
     """Train from a seeded init; save to ``out`` (safetensors + config.json) and return a log dict."""
-    from tqdm import tqdm
-
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     model = binding_model.build(seed)
