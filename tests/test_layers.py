@@ -114,12 +114,6 @@ LAZY_IMPORTS = {
     ("agents.long_video", "transformers.models.qwen2_vl.video_processing_qwen2_vl"),
     ("agents.long_video", "transformers.models.qwen3_vl.video_processing_qwen3_vl"),
 }
-# TODO(issue 17): hoist these (windowkit/backends/hf.py is being edited elsewhere; none of them makes a cycle:
-# windowkit.backends.hf_qwen_vl does not import hf), then empty this set
-PENDING_LAZY_IMPORTS = {
-    ("windowkit.backends.hf", "windowkit.backends.hf_qwen_vl"),
-    ("windowkit.backends.hf", "transformers"), ("windowkit.backends.hf", "transformers.cache_utils"),
-}
 
 
 def _function_imports() -> list[tuple[str, str, int]]:
@@ -138,7 +132,7 @@ def _function_imports() -> list[tuple[str, str, int]]:
 
 
 def test_no_import_inside_a_function():
-    allowed = LAZY_IMPORTS | PENDING_LAZY_IMPORTS
+    allowed = LAZY_IMPORTS
     bad = [f"{m}:{line} imports {t}" for m, t, line in _function_imports()
            if t.split(".")[0] not in LAZY_DEPENDENCIES and (m, t) not in allowed]
     assert not bad, "hoist these to module level (or add a commented entry to LAZY_IMPORTS):\n" + "\n".join(bad)

@@ -17,6 +17,8 @@ from contextlib import nullcontext
 from typing import Any, Optional, Sequence
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from windowkit.backends.base import BackendStats, Embeds, ForwardResult  # Embeds: shared with hf_qwen_vl
 from windowkit.backends.attention import attention, block_plan, capture_rows
@@ -196,9 +198,6 @@ class HFBackend:
         """A transformers ``DynamicCache`` holding ``past``. Its layers hold views of ``past``'s tensors (no
         copy: ``DynamicCache(data)`` would copy the whole window once more before the forward copies it again);
         transformers' cache never writes into them in place (``update`` concatenates into new tensors)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
         cache = DynamicCache()
         if past is None or past.num_tokens == 0:
             return cache
