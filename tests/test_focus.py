@@ -338,6 +338,32 @@ def test_the_focus_budget_is_a_running_account_against_the_prefix_cache(be):
         wk.Window(be, focus_budget=1.5)
 
 
+def test_the_system_prompt_is_no_step_spending_in_the_focus_account(be):
+    """A prefix cache holds the system prompt too, so the Window's own prefill of ``prefix`` (at construction) is
+    not booked against the focus budget: with a system prompt, the focus spends on the same steps and the same
+    number of tokens as without one. Counted by hand as in the test above: after the first fill (125 tokens for
+    both sides) and slides at 125 a step for the prefix cache, the focus first has room at step 2."""
+    chunks = [text(be, 30, 150 + i) for i in range(10)]
+
+    def focus_per_step(prefix):
+        win = wk.Window(be, prefix=prefix, repair="query:64", focus_budget=0.6)
+        for c in chunks[:4]:
+            win.admit(c)
+        got = []
+        for step in range(6):
+            if step:
+                win.evict("head")
+                win.admit(chunks[3 + step])
+            r0 = win.stats.repaired_tokens
+            win.forward(QUERY)
+            got.append(win.stats.repaired_tokens - r0)
+        return got
+
+    plain = focus_per_step(None)
+    assert plain[:2] == [0, 0] and plain[2] > 0, plain
+    assert focus_per_step(text(be, 40, 90, "sys")) == plain
+
+
 # ---------------------------------------------------------------------------------------------- the rule
 @pytest.mark.parametrize("spec,name,head,sink,query", [
     ("head+query:32", "head+query:32", True, 0, 32), ("query:8", "query:8", False, 0, 8),
