@@ -163,8 +163,10 @@ class Window:
               most: ``focus``) | a RepairRule (overrides ``fidelity``; ignored with removal_patches=True)
     focus_budget: 0.6 (default) | None: a running account against what a prefix cache spends on the same steps.
               A rule's query:N focus recomputes only as many tokens as keep the window's prefill so far (this step's
-              edits + probe + recompute + the query included) within this share. None: no ceiling (the focus
-              never exceeds the stale tokens)
+              edits + probe + recompute + the query included) within this share. The system prompt (``prefix``,
+              prefilled at construction) is held by a prefix cache too and is no step's spending. The rule's
+              position part (head, sinks) is not bounded by it. None: no ceiling (the focus never exceeds the
+              stale tokens)
     cap:      True (default, patch mode with lazy forming): ``assign`` and ``reorder`` never plan a step dearer
               than a prefix cache holding the previous window; where the edits (repairs, conditioned forwards,
               orbit forms) are modelled no cheaper, the step runs the prefix cache's plan instead: keep the
