@@ -362,6 +362,24 @@ def test_the_system_prompt_is_no_step_spending_in_the_focus_account(be):
     plain = focus_per_step(None)
     assert plain[:2] == [0, 0] and plain[2] > 0, plain
     assert focus_per_step(text(be, 40, 90, "sys")) == plain
+    # a fork carries the account on: it focuses on the next step exactly as its parent does (budget-bound there)
+    win = wk.Window(be, prefix=text(be, 40, 90, "sys"), repair="query:64", focus_budget=0.6)
+    for c in chunks[:4]:
+        win.admit(c)
+    for step in range(2):
+        if step:
+            win.evict("head")
+            win.admit(chunks[3 + step])
+        win.forward(QUERY)
+    twin = win.fork()
+    got = []
+    for w in (win, twin):
+        r0 = w.stats.repaired_tokens
+        w.evict("head")
+        w.admit(chunks[6])
+        w.forward(QUERY)
+        got.append(w.stats.repaired_tokens - r0)
+    assert got == [plain[2], plain[2]], (got, plain)
 
 
 # ---------------------------------------------------------------------------------------------- the rule

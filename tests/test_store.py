@@ -234,6 +234,23 @@ def test_pin_after_put_and_patch_pins() -> None:
     assert ps.patches("k") == ["x", "z"]
 
 
+def test_a_policy_reads_one_pin_ledger() -> None:
+    """A policy handed to a store reads the store's ledger; a second ``use_pins`` would split the pins."""
+    from windowkit.errors import PolicyError
+    from windowkit.store.eviction import LRU, PinLedger
+
+    policy, first, second = LRU(), PinLedger(), PinLedger()
+    policy.use_pins(first)
+    assert policy.pin_ledger is first
+    with pytest.raises(PolicyError):
+        policy.use_pins(second)
+    first.pin("a")
+    policy.insert("a", 1); policy.insert("b", 1)
+    assert policy.victim() == "b"  # a is pinned in the ledger the policy reads
+    store = ChunkStore(budget_bytes=1 << 20)
+    assert store._policy.pin_ledger is store._pins
+
+
 def test_mixed_sizes_size_aware_policy() -> None:
     small, big = make_kv(tokens=1), make_kv(tokens=6)
     store = ChunkStore(budget_bytes=big.nbytes + 2 * small.nbytes, policy="size")

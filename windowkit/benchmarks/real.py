@@ -55,6 +55,7 @@ from windowkit.kv.metrics import kl_divergence
 from windowkit.models import smollm2
 from windowkit.models.load import load_model
 from windowkit.registry import make_policy
+from windowkit.store.keys import chunk_key
 from windowkit.window import Window
 from windowkit.window.plan import RepairRule
 
@@ -287,7 +288,7 @@ def derive(base: Any, backend: Any, kwargs: dict) -> Any:
     for a in _SETTINGS:
         if a in tmpl.__dict__:
             setattr(win, a, getattr(tmpl, a))
-    for key in [win.store.chunk_key(win.chunk(i).content_hash()) for i in win.ids]:
+    for key in [chunk_key(win.chunk(i).content_hash(), backend.fingerprint()) for i in win.ids]:  # the Window's keys
         if base.store.has_canonical(key):
             tmpl.store.put_canonical(key, base.store.get_canonical(key, copy=False))
             tmpl.store.pin(key)
@@ -439,7 +440,7 @@ def run_history(item: rt.Item, hist_name: str, tag: str, codec: TextCodec, backe
     for c in hist.before:
         base.admit(c)
     for c in hist.before:  # canonicals of the chunks seen before the step (idle time, off the critical path)
-        base.store.put_canonical(base._keys[c.id], backend.encode(c))
+        base.store.put_canonical(chunk_key(c.content_hash(), backend.fingerprint()), backend.encode(c))
     memo = AnswerMemo()
     exact_win = Window(backend, mode="exact", prefix=prefix)
     for c in hist.before:

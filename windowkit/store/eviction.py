@@ -63,9 +63,14 @@ class EvictionPolicy(ABC):
         then holds no pin state of its own. ``pin`` / ``unpin`` write to that ledger, ``remove`` leaves a key's
         pins there (the cache's pins may outlive and precede its entries) and ``insert`` of a key the ledger
         pins takes it out of the victim order at once. Only on a fresh policy."""
-        if self._sizes or len(self._pins):
-            raise PolicyError(f"use_pins on a policy that already tracks keys: {self!r}")
+        if self._sizes or len(self._pins) or not self._owns_pins:
+            raise PolicyError(f"use_pins on a policy that already tracks keys or reads another ledger: {self!r}")
         self._pins, self._owns_pins = ledger, False
+
+    @property
+    def pin_ledger(self) -> "PinLedger":
+        """The ledger this policy reads pins from: its own, or the store's after ``use_pins``."""
+        return self._pins
 
     @property
     def _pinned(self) -> "PinLedger":

@@ -427,18 +427,17 @@ class ChunkStore:
         (``AuthFailed``: failed MAC) comes here. It is dropped (a local entry from every local tier and the
         policy; a shared value from the backend, unless it removed it already: ``err.removed``) and counted:
         ``auth_failures`` for a MAC, else ``corrupt_dropped`` (local) or ``shared_fallback_reasons["corrupt"]``
-        (shared; a MAC failure there counts ``["auth"]`` too). ``miss``: the drop answers a get (``misses``).
+        (shared; a MAC failure there counts ``["auth"]`` instead). ``miss``: the drop answers a get (``misses``).
         ``raises``: then a corrupt local entry raises ``StoreCorruptError`` when ``on_corrupt="raise"``; a
         forged one never does (a counted miss: the caller recomputes). ``mac=False`` (compress, budget
         pressure) treats a failed MAC as any corruption: counted in ``corrupt_dropped``, raised as such."""
         auth = mac and isinstance(err, AuthFailed)
+        shared = isinstance(tier, SharedTier)
         with self._lock:
             if auth:
                 self.stats.auth_failures += 1
-            if tier is self._shared:
+            if shared:
                 self._shared_fault("auth" if auth else "corrupt")
-                if not getattr(err, "removed", False):
-                    tier.remove(eid)
             else:
                 if eid in self._entries:
                     self._remove(eid, evicted=False)
@@ -448,7 +447,9 @@ class ChunkStore:
                     self.stats.corrupt_dropped += 1
             if miss:
                 self.stats.misses += 1
-        if raises and not auth and tier is not self._shared and self.on_corrupt == "raise":
+        if shared and not getattr(err, "removed", False):
+            tier.remove(eid)  # outside the lock: a network call
+        if raises and not auth and not shared and self.on_corrupt == "raise":
             raise StoreCorruptError(f"store entry {eid[0]}/{eid[1]}/{eid[2]} dropped: {err}") from None
 
     # ---------------------------------------------------------------- cold tier
@@ -596,7 +597,7 @@ class ChunkStore:
             assert self.budget_bytes is None or total <= self.budget_bytes, "over budget"
             assert len(pol) == len(ents) and all(pol.size_of(eid) == e.nbytes for eid, e in ents.items()), \
                 "the policy's keys or sizes are not the store's"
-            assert pol._pins is self._pins, "the policy keeps a pin ledger of its own"
+            assert pol.pin_ledger is self._pins, "the policy keeps a pin ledger of its own"
             assert pol.pinned == {eid for eid in self._pins if eid in ents}
             v = pol.victim()
             assert v is None or (v in ents and v not in self._pins), f"victim {v} is pinned or absent"
@@ -624,10 +625,6 @@ class ChunkStore:
             self._closed = True
 
     # ---------------------------------------------------------------- shared tier
-
-    def _shared_key(self, eid: EntryId) -> str:
-        """The entry's key in the shared tier (``tiers.shared_key``)."""
-        return shared_key(self.cache_salt, eid)
 
     def _shared_fault(self, reason: str) -> None:
         with self._lock:
@@ -734,12 +731,12 @@ class ChunkStore:
         self._policy.remove(eid, evicted=evicted)
         for tier in self._local:
             tier.remove(eid)
-        self.entry_removed(eid[0], eid[1], eid[2], evicted)
+        self.entry_removed(eid[0], eid[1], eid[2] or "", evicted)
 
-    def entry_removed(self, kind: str, key: str, ctx: Optional[str], evicted: bool) -> None:
+    def entry_removed(self, kind: str, key: str, ctx: str, evicted: bool) -> None:
         """Called after any entry leaves the store (eviction, replacement by a new put, ``drop``, a corrupt
-        entry); ``kind`` is "c" (canonical) or "p" (patch, with its ``ctx``), ``evicted`` True for an eviction
-        under budget. Does nothing: a subclass that meters the store overrides it (the simulator's store does)."""
+        entry); ``kind`` is "c" (canonical, ``ctx`` "") or "p" (patch, with its ``ctx``), ``evicted`` True for an
+        eviction under budget. Does nothing: a subclass that meters the store overrides it (the simulator's store does)."""
 
     def _evict(self, eid: Optional[EntryId]) -> None:
         if eid is None:  # pragma: no cover  (puts check feasibility first)

@@ -35,7 +35,7 @@ from windowkit.errors import WindowkitError
 from windowkit.registry import make_policy
 from windowkit.store import ChunkStore
 from windowkit.store.eviction import LRU, EvictionPolicy, make_eviction_policy
-from windowkit.store.store import CANONICAL
+from windowkit.store.tiers import CANONICAL
 from windowkit.trace.backend import CostModelBackend
 from windowkit.trace.costs import CostProfile
 from windowkit.trace.schema import ChunkRef, Step

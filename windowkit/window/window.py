@@ -782,6 +782,7 @@ class Window:
         other = Window.__new__(Window)
         other.__dict__.update(self.__dict__)
         other.stats = WindowStats()
+        other._step_p0 = self._step_p0 - self.stats.prefill_tokens  # its own counters: the step's spending so far
         other._entries = deque()
         other._evicted = dict(self._evicted)
         other._known = dict(self._known)
