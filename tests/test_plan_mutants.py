@@ -41,11 +41,23 @@ def test_rule_parse_spellings():
     assert not RepairRule("sink:1", sink=1).is_none and not RepairRule("head", head=True).is_none
 
 
-@pytest.mark.parametrize("spec", ["sink:0", "sink:-2", "sink:x", "head+sink:-1", "head+sink:", "sinks:3", "half"])
+@pytest.mark.parametrize("spec", ["sink:0", "sink:-2", "sink:x", "head+sink:-1", "head+sink:", "sinks:3", "half",
+                                  "head:0", "head:", "head:x", "head:4+head", "sink"])
 def test_rule_parse_rejects(spec):
-    with pytest.raises(WindowkitError, match=r"not understood: use 'none', 'all', or one or more of 'head', 'sink:N' "
-                                             r"\(N >= 1; 0 after head\), 'query:N' \(N >= 1\) joined by '\+'"):
+    with pytest.raises(WindowkitError, match=r"not understood: use 'none', 'all', or one or more of 'head' "
+                                             r"\(or 'head:N', N >= 1\), 'sink:N' \(N >= 1; 0 after head\), "
+                                             r"'query:N' \(N >= 1\) joined by '\+'"):
         RepairRule.parse(spec)
+
+
+def test_a_capped_head_recomputes_its_first_n_tokens():
+    rule = RepairRule.parse("Head:32 + sink:5+query:96")
+    assert rule == RepairRule("head:32+sink:5+query:96", sink=5, head=True, query=96, head_max=32)
+    assert rule.counts([40, 40, 3]) == [32, 5, 3]
+    assert rule.counts([32, 40]) == [32, 5] and rule.counts([20, 40]) == [20, 5]  # a chunk within the cap: whole
+    assert RepairRule.parse("head:4+sink:9").counts([40, 40]) == [9, 9]  # the sinks still hold for the head
+    assert RepairRule.parse("head:8").counts([40, 40]) == [8, 0] and not RepairRule.parse("head:8").is_none
+    assert RepairRule.parse("head:1000").counts([765, 10]) == RepairRule.parse("head").counts([765, 10])
 
 
 def test_rule_parse_rejects_non_strings_by_type():

@@ -35,6 +35,8 @@ class RepairRule:
       none         keep-as-is: nothing recomputed, survivors only relocate
       sink:N       the first N tokens of every stale survivor (their attention sink moved; EPIC-like)
       head         the whole first stale survivor (the chunk right behind the edit)
+      head:N       its first N tokens only (the whole of a chunk of N tokens or fewer): caps the head's price on
+                   large chunks (a 765-token screenshot) and is ``head`` on text chunks of up to N tokens
       head+sink:N  both
       query:N      at the next ``forward`` / ``generate`` (or ``Window.focus``): the N stale tokens the query
                    attends to most, read from one probe forward of the query (CacheBlend's selection by attention,
@@ -42,6 +44,7 @@ class RepairRule:
       all          every stale survivor wholly (= exact re-conditioning of the survivors)
 
         RepairRule.parse("head+sink:5").counts([40, 40, 3])   # [40, 5, 3]
+        RepairRule.parse("head:32+sink:5").counts([40, 40])   # [32, 5]
         RepairRule.parse("sink:5+query:32").query            # 32
     """
 
@@ -50,6 +53,7 @@ class RepairRule:
     head: bool = False
     full: bool = False
     query: int = 0
+    head_max: int = 0  # head:N caps the head at N tokens; 0: the whole first survivor
 
     @property
     def is_none(self) -> bool:
@@ -64,7 +68,8 @@ class RepairRule:
         s = self.sink  # min(sink, n) per survivor; the head rule keeps the first wholly (runs per edit: no calls)
         out = [n if n < s else s for n in ns]
         if self.head and ns:
-            out[0] = ns[0]
+            m = self.head_max
+            out[0] = ns[0] if not m or ns[0] <= m else max(m, out[0])
         return out
 
     @classmethod
@@ -80,13 +85,13 @@ class RepairRule:
             return cls("none")
         if s in ("all", "exact"):
             return cls("all", full=True)
-        head, sink, query, seen = False, None, 0, set()
+        head, head_max, sink, query, seen = False, 0, None, 0, set()
         for part in s.split("+"):
-            kind, _, num = part.partition(":")
-            if kind in seen or kind not in ("head", "sink", "query") or (kind == "head") == bool(_):
+            kind, colon, num = part.partition(":")
+            if kind in seen or kind not in ("head", "sink", "query") or (kind != "head" and not colon):
                 break
             seen.add(kind)
-            if kind == "head":
+            if kind == "head" and not colon:
                 head = True
                 continue
             try:
@@ -95,13 +100,19 @@ class RepairRule:
                 break
             if n < 1 and not (kind == "sink" and n == 0 and "head" in seen):
                 break
-            sink, query = (n, query) if kind == "sink" else (sink, n)
+            if kind == "head":
+                head, head_max = True, n
+            elif kind == "sink":
+                sink = n
+            else:
+                query = n
         else:
-            name = "+".join((["head"] if head else []) + ([f"sink:{sink}"] if sink is not None else [])
-                            + ([f"query:{query}"] if query else []))
-            return cls(name, sink=sink or 0, head=head, query=query)
-        raise WindowkitError(f"repair spec {spec!r} not understood: use 'none', 'all', or one or more of 'head', "
-                             "'sink:N' (N >= 1; 0 after head), 'query:N' (N >= 1) joined by '+', e.g. 'head+query:32'")
+            name = "+".join(([f"head:{head_max}" if head_max else "head"] if head else [])
+                            + ([f"sink:{sink}"] if sink is not None else []) + ([f"query:{query}"] if query else []))
+            return cls(name, sink=sink or 0, head=head, query=query, head_max=head_max)
+        raise WindowkitError(f"repair spec {spec!r} not understood: use 'none', 'all', or one or more of 'head' "
+                             "(or 'head:N', N >= 1), 'sink:N' (N >= 1; 0 after head), 'query:N' (N >= 1) joined by "
+                             "'+', e.g. 'head+query:32'")
 
 
 # fidelity= presets: what each maps to (docs/window.md has the measured front on SmolLM2-135M)
