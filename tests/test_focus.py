@@ -395,7 +395,7 @@ def test_query_rules_parse(spec, name, head, sink, query):
 
 
 @pytest.mark.parametrize("spec", ["query:0", "query:", "query:x", "query", "head+head", "query:4+query:4",
-                                  "all+query:4", "sink:0+query:4", "head:1"])
+                                  "all+query:4", "sink:0+query:4", "head:0"])
 def test_bad_query_rules_raise(spec):
     with pytest.raises(WindowkitError):
         RepairRule.parse(spec)

@@ -626,6 +626,10 @@ class ChunkStore:
 
     # ---------------------------------------------------------------- shared tier
 
+    def _shared_key(self, eid: EntryId) -> str:
+        """The entry's key in the shared tier (``tiers.shared_key``; the security tests forge entries under it)."""
+        return shared_key(self.cache_salt, eid)
+
     def _shared_fault(self, reason: str) -> None:
         with self._lock:
             self.stats.shared_fallbacks += 1
