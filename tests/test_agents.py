@@ -117,7 +117,7 @@ def run_default(model, video):
 def test_default_window_answers_like_exact_reprefill(run_default):
     """Answers against the exact re-prefill of the same window (agent.ref, mode="exact"). Measured 2026-12-03
     (tiny-qwen2.5-vl seed 0, this plan, the Window defaults of the tree then: form="lazy", fidelity "balanced"
-    = repair "head+sink:5+query:96"; the query part is a no-op on M-RoPE): next-token argmax 9/9, the 4 greedy
+    = repair "head:128+sink:5+query:96"; the query part is a no-op on M-RoPE): next-token argmax 9/9, the 4 greedy
     answer tokens equal on 9/9 steps, KL <= 6e-14.
     With keep-as-is survivors (run_keep below) the answers agree on 4/9 steps only: the bound separates them."""
     steps = run_default.steps

@@ -34,7 +34,7 @@ def test_defaults_are_the_documented_ones():
     for k, v in DOCUMENTED.items():
         assert sig[k].default == v, f"Window keyword {k} defaults to {sig[k].default!r}, config to {v!r}"
     cfg = WindowConfig()
-    assert cfg.repair_rule == repair_rule("balanced") and cfg.repair_rule.name == "head+sink:5+query:96"
+    assert cfg.repair_rule == repair_rule("balanced") and cfg.repair_rule.name == "head:128+sink:5+query:96"
 
 
 def test_exported_and_frozen():

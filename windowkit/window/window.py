@@ -155,7 +155,7 @@ class Window:
               need: reorder, blind view, clean fork, or ``prefetch()`` between steps) or "eager" (every
               conditioned forward also encodes the canonical once and stores a patch for that context)
     fidelity: "balanced" (default), "exact" or "fast": the repair rule used when ``repair`` is not given
-              (FIDELITY: exact -> "all", balanced -> "head+sink:5+query:96", fast -> "none"); or a next-token KL target
+              (FIDELITY: exact -> "all", balanced -> "head:128+sink:5+query:96", fast -> "none"); or a next-token KL target
               in nats (e.g. ``fidelity=1e-2``): the cheapest rule whose mean KL on the measured front
               (windowkit/window/repair_front.json, SmolLM2-135M) is within it
     repair:   survivor repair after an edit that changes survivors' antecedents: "none" | "sink:N" | "head" |
