@@ -166,6 +166,22 @@ def test_exact_plan_generates_the_engines_own_greedy_ids(live):
     assert out["meta_info"]["cached_tokens"] >= 2 * CHUNK  # SGLang prefilled only the query
 
 
+def test_the_engine_attends_from_the_new_rows_only(live):
+    """The plugin's row-only extend attention (extend_rows.py) runs in the engine: a request whose window is
+    restored computes attention for its new rows only; the linker's stats (dumped at each plan event, so a
+    request's own forward shows at the next one) count the padded rows SGLang's CPU fallback would add."""
+    sp = {"max_new_tokens": 1, "temperature": 0.0}
+    live.sg.serve(live.window("exact"), live.q, sampling_params=sp)
+    s1 = live.stats()["extend_rows"]
+    # an unparsable plan: a counted fallback (whose dump carries the counts) and a full prefill, no radix pages
+    live.engine.generate(input_ids=live.prompt, rid=_fresh_salt("rows-rid"), cache_salt=_fresh_salt("rows"),
+                         sampling_params=dict(sp, custom_params={PLAN_KEY: "{not a plan"}))
+    s2 = live.stats()["extend_rows"]
+    layers = live.hf.model.config.num_hidden_layers
+    assert s2["calls"] - s1["calls"] >= layers
+    assert s2["rows_skipped"] - s1["rows_skipped"] >= layers * 2 * CHUNK  # the restored window's rows
+
+
 @pytest.mark.parametrize("mode", ["blind", "patch"])
 def test_approximate_plan_reaches_the_kl_hf_predicts(live, mode):
     """KL(SGLang prefill || SGLang with the window restored from the plan) equals HFBackend's

@@ -40,6 +40,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Optional
 
+from windowkit.backends.sglang import extend_rows
 from windowkit.errors import WindowkitError
 
 SHIM_DIR = Path(__file__).resolve().parent / "cpu_kernel_shim"  # holds the sgl_kernel stand-in package
@@ -73,9 +74,11 @@ class EngineRequestError(WindowkitError):
 
 def cpu_env(base: Optional[dict] = None, plugins: str = "windowkit") -> dict:
     """The environment of the engine processes: SGLang's CPU engine, the sgl_kernel stand-in on the path,
-    and SGLang's plugin loader restricted to ``plugins`` (the ``sglang.srt.plugins`` entry points)."""
+    SGLang's plugin loader restricted to ``plugins`` (the ``sglang.srt.plugins`` entry points), and the plugin's
+    row-only extend attention (``extend_rows.py``) unless ``WINDOWKIT_SGLANG_EXTEND_ROWS=0`` is already set."""
     env = dict(os.environ if base is None else base)
     env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env.setdefault(extend_rows.ENV, "1")
     env["PYTHONPATH"] = os.pathsep.join([str(SHIM_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if plugins:
         env["SGLANG_PLUGINS"] = plugins
@@ -84,8 +87,10 @@ def cpu_env(base: Optional[dict] = None, plugins: str = "windowkit") -> dict:
 
 
 def gpu_env(base: Optional[dict] = None, plugins: str = "windowkit") -> dict:
-    """The environment of a hosted GPU Engine: SGLang's own kernels (no stand-in, no CPU engine)."""
+    """The environment of a hosted GPU Engine: SGLang's own kernels (no stand-in, no CPU engine); the
+    ``torch_native`` attention there gets the plugin's row-only extend attention too (as in ``cpu_env``)."""
     env = dict(os.environ if base is None else base)
+    env.setdefault(extend_rows.ENV, "1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and Path(p).resolve() != SHIM_DIR)

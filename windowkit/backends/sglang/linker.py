@@ -41,6 +41,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import LayerWiseLoadCounter, UnifiedCacheLinker
 
+from windowkit.backends.sglang import extend_rows
 from windowkit.backends.sglang.plan import WindowPlan, page_hashes
 from windowkit.backends.sglang.pool import SGLangKVPool
 from windowkit.errors import KVShapeError, UnsupportedModelError
@@ -62,6 +63,7 @@ class LinkerStats:
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["reasons"] = dict(self.reasons)
+        d["extend_rows"] = dict(extend_rows.COUNTS)  # this process's row-only extend attention (plugin option)
         return d
 
 

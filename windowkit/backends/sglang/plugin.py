@@ -13,6 +13,11 @@ plan (JSON string under ``"windowkit_plan"``), the hook
   the plan's tokens.
 
 The hook never raises into the scheduler: windowkit problems become counted fallbacks (exact prefill).
+
+With ``WINDOWKIT_SGLANG_EXTEND_ROWS=1`` in the engine processes' environment (``cpu_engine.cpu_env`` sets it),
+``register`` also wraps the ``torch_native`` backend's extend attention so that it computes only the rows being
+prefilled (``extend_rows.py``: SGLang's CPU fallback otherwise attends over the whole padded sequence, so a
+restored window would still pay a full prefill's attention).
 Restrict SGLang to this plugin with ``SGLANG_PLUGINS=windowkit``.
 
     from windowkit.backends.sglang.plugin import register
@@ -23,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from windowkit.backends.sglang import extend_rows
 from windowkit.backends.sglang.plan import PLAN_KEY, WindowPlan
 from windowkit.errors import WindowkitError
 
@@ -72,6 +78,8 @@ def register() -> None:
     if any(h is on_generate_request for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])):
         return  # idempotent
     HookRegistry.register(HOOK_TARGET, on_generate_request, HookType.BEFORE)
+    if extend_rows.enabled():
+        extend_rows.install(HookRegistry, HookType.AROUND)
 
 
 __all__ = ["register", "on_generate_request", "HOOK_TARGET"]
