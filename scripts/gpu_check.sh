@@ -11,10 +11,10 @@
 #   bash scripts/gpu_check.sh                  # results in $OUT (default ./gpu_check_out)/gpu_check.json
 #
 # Stages (each independent; a failing stage is recorded and the next one still runs):
-#   0  the CPU tests (tests/test_sglang_adapter.py, tests/test_sglang_linker.py)
+#   0  the CPU tests (tests/test_sglang_adapter.py, tests/test_sglang_linker.py, tests/test_sglang_extend_rows.py)
 #   L  the live Engine tests of `make test` (tests/test_sglang_live.py) with WINDOWKIT_SGLANG_DEVICE=cuda: the
 #      same hosted Engine (cpu_engine.CPUEngine, device="cuda": SGLang's own kernels, no sgl_kernel stand-in,
-#      fp32, torch_native attention) serving SmolLM2-135M-Instruct: an exact plan = the engine's own greedy
+#      fp32, torch_native attention with the plugin's row-only extend attention) serving SmolLM2-135M-Instruct: an exact plan = the engine's own greedy
 #      ids; blind/patch plans reach HFBackend's predicted KL within 1e-4; every fallback (bad plan,
 #      misalignment, salt mismatch, missing KV, another model's fingerprint) counted and answered by full
 #      prefill; the text agent through the engine; a restarted engine reusing a disk ChunkStore (no re-encode).
@@ -56,7 +56,7 @@ mkdir -p "$OUT"
 
 echo "== stage 0: CPU adapter tests"
 timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_sglang_adapter.py tests/test_sglang_linker.py \
-    > "$OUT/stage0_pytest.txt" 2>&1
+    tests/test_sglang_extend_rows.py > "$OUT/stage0_pytest.txt" 2>&1
 echo "stage0 rc=$?" | tee "$OUT/stage0_rc.txt"
 tail -3 "$OUT/stage0_pytest.txt"
 

@@ -302,20 +302,27 @@ def test_focus_is_a_no_op_on_the_cost_model_and_on_mla():
     assert win.focus(QUERY) == 0
 
 
+def _slides(win, chunks, steps):
+    """Fill ``win`` with ``chunks[:4]``, then yield each step number; from the second step on, the head is evicted
+    and the next chunk admitted before the yield (the caller reads the window there)."""
+    for c in chunks[:4]:
+        win.admit(c)
+    for step in range(steps):
+        if step:
+            win.evict("head")
+            win.admit(chunks[3 + step])
+        yield step
+
+
 def test_the_focus_budget_is_a_running_account_against_the_prefix_cache(be):
     """focus_budget=0.6 over a sliding stream (one chunk out, one in, a query per step): the focus runs only while
     the window's prefill so far, this step's focus included, stays within 0.6 x what a prefix cache spent on the
     same steps (the first fill costs both the same, so the focus waits until the slides have paid that back)."""
     chunks = [text(be, 30, 150 + i) for i in range(10)]
     win = wk.Window(be, repair="query:64", focus_budget=0.6)
-    for c in chunks[:4]:
-        win.admit(c)
     pc = spent = 0
     ran = []
-    for step in range(6):
-        if step:
-            win.evict("head")
-            win.admit(chunks[3 + step])
+    for step in _slides(win, chunks, 6):
         p0, r0 = win.stats.prefill_tokens, win.stats.probe_tokens
         win.forward(QUERY)
         pc += 4 * 30 + len(QUERY)  # a prefix cache re-prefills every chunk behind the evicted head, + the query
@@ -326,12 +333,7 @@ def test_the_focus_budget_is_a_running_account_against_the_prefix_cache(be):
     assert ran[:2] == [False, False] and any(ran[2:]), ran
     # fewer than FOCUS_MIN tokens left is not worth a focus: a tighter share never runs it on this stream
     tight = wk.Window(be, repair="query:64", focus_budget=0.3)
-    for c in chunks[:4]:
-        tight.admit(c)
-    for step in range(6):
-        if step:
-            tight.evict("head")
-            tight.admit(chunks[3 + step])
+    for _ in _slides(tight, chunks, 6):
         tight.forward(QUERY)
     assert tight.stats.probe_tokens == 0 and tight.stats.repaired_tokens == 0
     with pytest.raises(WindowkitError):
@@ -347,13 +349,8 @@ def test_the_system_prompt_is_no_step_spending_in_the_focus_account(be):
 
     def focus_per_step(prefix):
         win = wk.Window(be, prefix=prefix, repair="query:64", focus_budget=0.6)
-        for c in chunks[:4]:
-            win.admit(c)
         got = []
-        for step in range(6):
-            if step:
-                win.evict("head")
-                win.admit(chunks[3 + step])
+        for _ in _slides(win, chunks, 6):
             r0 = win.stats.repaired_tokens
             win.forward(QUERY)
             got.append(win.stats.repaired_tokens - r0)
@@ -364,12 +361,7 @@ def test_the_system_prompt_is_no_step_spending_in_the_focus_account(be):
     assert focus_per_step(text(be, 40, 90, "sys")) == plain
     # a fork carries the account on: it focuses on the next step exactly as its parent does (budget-bound there)
     win = wk.Window(be, prefix=text(be, 40, 90, "sys"), repair="query:64", focus_budget=0.6)
-    for c in chunks[:4]:
-        win.admit(c)
-    for step in range(2):
-        if step:
-            win.evict("head")
-            win.admit(chunks[3 + step])
+    for _ in _slides(win, chunks, 2):
         win.forward(QUERY)
     twin = win.fork()
     got = []
