@@ -14,8 +14,8 @@ keeps SGLang's padded square, whose causal fast path costs less there than a mas
 offsets, sliding windows and non-causal calls go to SGLang's original, unchanged.
 
 windowkit's SGLang plugin installs it as an AROUND hook on that method when the engine processes run with
-``WINDOWKIT_SGLANG_EXTEND_ROWS=1`` (``cpu_engine.cpu_env`` sets it by default; ``extend_rows=False`` leaves
-SGLang's method as it is). It changes no result beyond float rounding (tests/test_sglang_extend_rows.py
+``WINDOWKIT_SGLANG_EXTEND_ROWS=1`` (``cpu_engine.cpu_env`` sets it unless the variable is already set; ``=0``
+leaves SGLang's method as it is). It changes no result beyond float rounding (tests/test_sglang_extend_rows.py
 compares it with SGLang's method); it serves every request of the engine alike, with or without a plan.
 
     out = extend_rows_attention(original, backend, query, output, k_cache, v_cache, req_to_token,
@@ -39,6 +39,7 @@ COUNTS = {"calls": 0, "rows_skipped": 0}
 
 
 def enabled(env: Any = None) -> bool:
+    """Whether the engine processes' environment (``os.environ`` by default) asks for the row-only attention."""
     return (os.environ if env is None else env).get(ENV, "") == "1"
 
 
@@ -87,12 +88,4 @@ def extend_rows_attention(original: Callable, backend: Any, query: torch.Tensor,
     return output
 
 
-def install(registry: Any, hook_type: Any) -> bool:
-    """Register the AROUND hook on SGLang's method (idempotent); True if registered now or before."""
-    if any(h is extend_rows_attention for _, h, _ in registry._hooks.get(TARGET, [])):
-        return True
-    registry.register(TARGET, extend_rows_attention, hook_type)
-    return True
-
-
-__all__ = ["extend_rows_attention", "install", "enabled", "ENV", "TARGET", "COUNTS"]
+__all__ = ["extend_rows_attention", "enabled", "ENV", "TARGET", "COUNTS"]

@@ -72,14 +72,15 @@ def _register_request(recv_req: Any) -> None:
 
 
 def register() -> None:
-    """The ``sglang.srt.plugins`` entry point: hook the scheduler's request handler (no GPU needed)."""
+    """The ``sglang.srt.plugins`` entry point: hook the scheduler's request handler (no GPU needed), and with
+    ``WINDOWKIT_SGLANG_EXTEND_ROWS=1`` wrap the torch_native extend attention (``extend_rows.py``)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # optional heavy dependency
 
     if any(h is on_generate_request for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])):
         return  # idempotent
     HookRegistry.register(HOOK_TARGET, on_generate_request, HookType.BEFORE)
     if extend_rows.enabled():
-        extend_rows.install(HookRegistry, HookType.AROUND)
+        HookRegistry.register(extend_rows.TARGET, extend_rows.extend_rows_attention, HookType.AROUND)
 
 
 __all__ = ["register", "on_generate_request", "HOOK_TARGET"]
