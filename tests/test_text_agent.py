@@ -109,3 +109,52 @@ def test_bench_real_pure_parts() -> None:
     assert main(["bench", "real", "--tasks", "nope"]) == 1  # a windowkit error, before any model loads
     with pytest.raises(SystemExit):
         main(["bench", "real", "--k", "1"])
+
+
+def _fake_result(lo: int, hi: int, n: int = 4, **meta) -> dict:
+    """A result of ``real.run`` shape for items lo..hi-1: one retrieval row per item (history i mod 5)."""
+    raw: dict = {}
+    for i in range(lo, hi):
+        row = {"kl": 0.01 * i, "agree": i % 2 == 0, "correct": True, "exact_correct": True, "tokens": 10 + i,
+               "forwards": 1, "seconds": 1.0, "text": str(i), "prefix_cache_tokens": 20, "exact_tokens": 40}
+        raw.setdefault("retrieval", {}).setdefault(real.HISTORIES[i % 5], []).append({"exact": dict(row, kl=0.0),
+                                                                                     "keep": row})
+    m = {"model": "m", "n": n, "seed": 0, "k": 4, "n_filler": 4, "stream_steps_per_log": 8, "strategies": {},
+         "histories": list(real.HISTORIES), "tasks": ["retrieval"], "rotate_histories": True, "seconds": 2.0,
+         "items_done": hi - lo, "items_planned": hi - lo, "complete": True, "items": [lo, hi], "threads": 1, **meta}
+    return {"meta": m, "summary": real.aggregate(raw), "pooled": real.overall(raw), "raw": raw}
+
+
+def test_bench_real_shards_merge_into_the_whole_run() -> None:
+    whole = _fake_result(0, 4)
+    merged = real.merge([_fake_result(2, 4), _fake_result(0, 2)])  # any order of shards
+    assert merged["raw"] == whole["raw"] and merged["pooled"] == whole["pooled"]
+    assert merged["meta"]["complete"] and merged["meta"]["items"] == [0, 4] and merged["meta"]["seconds"] == 4.0
+    assert not real.merge([_fake_result(0, 1), _fake_result(2, 4)])["meta"]["complete"]  # a gap: not the whole run
+    with pytest.raises(WindowkitError, match="overlapping"):
+        real.merge([_fake_result(0, 3), _fake_result(2, 4)])
+    with pytest.raises(WindowkitError, match="seed"):
+        real.merge([_fake_result(0, 2), _fake_result(2, 4, seed=1)])
+    with pytest.raises(WindowkitError, match="at least one"):
+        real.merge([])
+    from windowkit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "real", "--items", "3"])
+    assert main(["bench", "real", "--items", "5:2"]) == 1  # a windowkit error, before any model loads
+    assert main(["bench", "real", "--merge", "/nonexistent.json"]) == 1
+
+
+def test_bench_real_shard_runs_the_same_item_as_the_whole_range(model, tok) -> None:
+    kw = dict(n=2, tasks=["retrieval"], strategies=["exact", "prefix-cache", "default"], model=model, tok=tok,
+              threads=1, progress=False, rotate=True)
+    whole = real.run(items=(0, 2), **kw)
+    shard = real.run(items=(1, 2), **kw)
+    assert list(whole["raw"]["retrieval"]) == ["admit", "slide"]  # item i runs history i mod 5 only
+    assert list(shard["raw"]["retrieval"]) == ["slide"] and shard["meta"]["items"] == [1, 2]
+    a, b = whole["raw"]["retrieval"]["slide"][0], shard["raw"]["retrieval"]["slide"][0]
+    for s in kw["strategies"]:  # an item is its index and the seed: the same tokens, costs and answers apart
+        assert (a[s]["text"], a[s]["tokens"], a[s]["prefix_cache_tokens"]) == \
+               (b[s]["text"], b[s]["tokens"], b[s]["prefix_cache_tokens"]), s
+    # the default rule repairs the slide's survivors below the prefix cache's price, and agrees with exact here
+    assert a["default"]["tokens"] < a["prefix-cache"]["tokens"] and a["default"]["kl"] < 5e-2

@@ -57,7 +57,7 @@ from windowkit.models.load import load_model
 from windowkit.registry import make_policy
 from windowkit.store.keys import chunk_key
 from windowkit.window import Window
-from windowkit.window.plan import RepairRule
+from windowkit.window.plan import FIDELITY, RepairRule
 
 TASKS = ("retrieval", "two-doc", "stream")
 HISTORIES = ("admit", "slide", "insert", "recall", "reorder")
@@ -263,11 +263,13 @@ def build_strategies() -> dict[str, Strategy]:
             Strategy("repair-head", {"mode": "patch", "rank": 32, "repair": "head"},
                      note="Window(repair='head'): the first stale survivor recomputed wholly, the others kept"),
             Strategy("repair-head+sink:5", {"mode": "patch", "rank": 32, "repair": "head+sink:5"},
-                     note="Window(repair='head+sink:5') = fidelity='balanced'"),
+                     note="Window(repair='head+sink:5'): the head wholly + the first 5 tokens of the others"),
             Strategy("repair-head+query:32", {"mode": "patch", "rank": 32, "repair": "head+query:32"},
                      note="Window(repair='head+query:32'): the head wholly + the 32 stale tokens the question reads"),
             Strategy("repair-all", {"mode": "patch", "rank": 32, "repair": "all"},
                      note="Window(repair='all') = fidelity='exact': every stale survivor recomputed"),
+            Strategy("default", {"mode": "patch", "rank": 32, "fidelity": "balanced"},
+                     note="Window(fidelity='balanced'), the default: repair " + repr(FIDELITY["balanced"])),
         ]
     return {x.name: x for x in s}
 
@@ -401,26 +403,9 @@ def window_step(strategy: Strategy, win: Any, ops: Sequence[tuple], backend: Sha
     p0, f0 = win.stats.prefill_tokens, win.stats.forwards
     for op in ops:
         apply_op(win, op)
-    if strategy.after is not None:
-        strategy.after(win)
-    extra = 0
-    if strategy.blend is not None:
-        past, extra = blend_recompute(backend, win, ref, strategy.blend)
-        f0 -= 1  # the recompute forward
-    else:
-        past = win.window_kv()
-    ans = memo.get(past)
-    if ans is None:
-        ans = greedy_answer(backend, past, win.next_position, query, max_new, codec.eos, number_done(codec))
-        memo.put(past, ans)
-        replay = 0.0
-    else:
-        replay = ans.seconds
-    secs = time.perf_counter() - t0 + (backend.replayed_s - r0) + replay
-    return Outcome(ans, win.stats.prefill_tokens - p0 + extra + len(query), win.stats.forwards - f0 + 1, secs)
+    return _answer_step(strategy, win, backend, query, codec, ref, memo, max_new, (t0, r0, p0, f0))
 
 
-# ====================================================================== scoring rows
 def score(out: Outcome, exact: Answer, codec: TextCodec, answer: str) -> dict:
     got, want = rt.first_number(codec.text(out.answer.tokens)), rt.first_number(codec.text(exact.tokens))
     return {"kl": kl_divergence(exact.logits, out.answer.logits), "agree": got == want, "correct": got == answer,
@@ -534,17 +519,25 @@ def _assign_step(st: Strategy, win: Any, want: list[Chunk], backend: SharedForwa
     t0, r0 = time.perf_counter(), backend.replayed_s
     p0, f0 = win.stats.prefill_tokens, win.stats.forwards
     win.assign(want)
+    return _answer_step(st, win, backend, query, codec, ref, memo, MAX_NEW["stream"], (t0, r0, p0, f0))
+
+
+def _answer_step(st: Strategy, win: Any, backend: SharedForwards, query: torch.Tensor, codec: TextCodec,
+                 ref: Optional[ChunkKV], memo: AnswerMemo, max_new: int, start: tuple) -> Outcome:
+    """After the step's edits: the strategy's hook, its blend or query-aware repair, and the answer; the Outcome
+    carries the deltas from ``start`` = (time, replayed seconds, prefill tokens, forwards) before the edits."""
+    t0, r0, p0, f0 = start
     if st.after is not None:
         st.after(win)
     extra = 0
     if st.blend is not None:
         past, extra = blend_recompute(backend, win, ref, st.blend)
-        f0 -= 1
+        f0 -= 1  # the recompute forward
     elif getattr(getattr(win, "repair", None), "query", 0):
         # query-aware repair runs inside the Window's own decode: the probe is the question's run, the repair
         # forward re-runs its last token over the repaired window (tokens counted in the Window's stats)
         t1 = time.perf_counter()
-        toks = win.generate(query, max_new_tokens=MAX_NEW["stream"], eos_token_id=codec.eos, stop=number_done(codec))
+        toks = win.generate(query, max_new_tokens=max_new, eos_token_id=codec.eos, stop=number_done(codec))
         ans = Answer(win.last_logits, toks, time.perf_counter() - t1)
         secs = time.perf_counter() - t0 + (backend.replayed_s - r0)
         return Outcome(ans, win.stats.prefill_tokens - p0 + len(query), win.stats.forwards - f0 + 1, secs)
@@ -553,7 +546,7 @@ def _assign_step(st: Strategy, win: Any, want: list[Chunk], backend: SharedForwa
     ans = memo.get(past)
     replay = 0.0
     if ans is None:
-        ans = greedy_answer(backend, past, win.next_position, query, MAX_NEW["stream"], codec.eos, number_done(codec))
+        ans = greedy_answer(backend, past, win.next_position, query, max_new, codec.eos, number_done(codec))
         memo.put(past, ans)
     else:
         replay = ans.seconds
@@ -561,7 +554,6 @@ def _assign_step(st: Strategy, win: Any, want: list[Chunk], backend: SharedForwa
     return Outcome(ans, win.stats.prefill_tokens - p0 + extra + len(query), win.stats.forwards - f0 + 1, secs)
 
 
-# ====================================================================== aggregation
 def summarize(rows: list[dict]) -> dict:
     """Means and Wilson intervals over rows of one (task, history, strategy)."""
     n = len(rows)
@@ -622,7 +614,8 @@ def overall(raw: dict) -> dict:
 def markdown(summary: dict, pooled: dict, meta: dict) -> str:
     """Markdown tables: exact accuracy per task, then per task x history x strategy, then pooled."""
     done = "" if meta.get("complete", True) else f" (partial: {meta['items_done']}/{meta['items_planned']} items)"
-    lines = [f"N = {meta['n']} items per task{done} ({meta['model']}, seed {meta['seed']}, k = {meta['k']}, "
+    spread = ", each item one history (i mod 5)" if meta.get("rotate_histories") else ""
+    lines = [f"N = {meta['n']} items per task{spread}{done} ({meta['model']}, seed {meta['seed']}, k = {meta['k']}, "
              f"{meta['threads']} threads, {meta['seconds']:.0f} s)", "",
              "| task | history | exact accuracy [95% CI] | n |", "|---|---|---|---:|"]
     for task, hists in summary.items():
@@ -704,9 +697,15 @@ def pareto_plot(pooled: dict, path: str) -> None:
 def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence[str]] = None,
         histories: Sequence[str] = HISTORIES, seed: int = 0, k: int = 4, n_filler: int = 4,
         stream_steps: int = 8, model: Any = None, tok: Any = None, threads: int = 2, progress: bool = True,
-        on_item: Optional[Callable[[dict], None]] = None) -> dict:
+        on_item: Optional[Callable[[dict], None]] = None, items: Optional[tuple[int, int]] = None,
+        rotate: bool = False) -> dict:
     """The benchmark; returns the result dict (meta, summary, pooled, raw rows). ``on_item`` gets the partial
-    result after every item (the CLI writes it, so a run cut short still leaves its numbers)."""
+    result after every item (the CLI writes it, so a run cut short still leaves its numbers).
+
+    ``items=(lo, hi)`` runs only items lo..hi-1 of each task (stream: logs); an item's content depends on its
+    index and the seed only, so shards run apart (other processes, other machines) and ``merge`` joins them into
+    the run of the whole range. ``rotate``: item i runs only history ``histories[i % len(histories)]`` (N items
+    spread over the histories instead of N per history: 1/5 of the compute for the same N per task)."""
     for t in tasks:
         if t not in TASKS:
             raise WindowkitError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
@@ -715,6 +714,10 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
             raise WindowkitError(f"unknown history {h!r}; choose from {', '.join(HISTORIES)}")
     if n < 1 or k < 2:
         raise WindowkitError(f"--n must be >= 1 and --k >= 2, got n={n} k={k}")
+    n_streams = max(1, math.ceil(n / stream_steps))
+    lo, hi = (0, max(n, n_streams)) if items is None else (int(items[0]), int(items[1]))
+    if not 0 <= lo < hi:
+        raise WindowkitError(f"items must be a range lo:hi with 0 <= lo < hi, got {lo}:{hi}")
     torch.set_num_threads(max(1, int(threads)))
     t_start = time.perf_counter()
     model = model if model is not None else load_model("smollm2")
@@ -735,10 +738,12 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
         names = ["exact"] + names
     chosen = {s: every[s] for s in names}
     raw: dict = {}
-    n_streams = max(1, math.ceil(n / stream_steps))
-    todo = [(t, i) for t in tasks if t != "stream" for i in range(n)] + \
-           [("stream", i) for i in range(n_streams) if "stream" in tasks]
-    bar = tqdm(total=sum(len(histories) if t != "stream" else stream_steps for t, _ in todo), unit="step",
+    hist_of = (lambda i: [histories[i % len(histories)]]) if rotate else (lambda i: list(histories))  # noqa: E731
+    todo = [(t, i) for t in tasks if t != "stream" for i in range(max(lo, 0), min(hi, n))] + \
+           [("stream", i) for i in range(lo, min(hi, n_streams)) if "stream" in tasks]
+    if not todo:
+        raise WindowkitError(f"items {lo}:{hi} holds no item of n = {n} (stream: {n_streams} logs)")
+    bar = tqdm(total=sum(len(hist_of(i)) if t != "stream" else stream_steps for t, i in todo), unit="step",
                desc="bench real", disable=not progress, file=sys.stderr)
     def result(done: int) -> dict:
         meta = {"model": "smollm2-135m-instruct (fp32)", "n": n, "seed": seed, "k": k, "n_filler": n_filler,
@@ -746,6 +751,7 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
                 "threads": threads, "seconds": time.perf_counter() - t_start, "has_repair_rules": has_repair(),
                 "strategies": {s: st.note for s, st in chosen.items()}, "histories": list(histories),
                 "tasks": list(tasks), "items_done": done, "items_planned": len(todo), "complete": done == len(todo),
+                "items": [lo, hi], "rotate_histories": bool(rotate),
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         return {"meta": meta, "summary": aggregate(raw), "pooled": overall(raw), "raw": raw}
 
@@ -760,13 +766,46 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
             bar.update(stream_steps)
             continue
         item = rt.retrieval_item(rng, k, n_filler) if task == "retrieval" else rt.two_doc_item(rng, k, n_filler)
-        for h in histories:
+        for h in hist_of(i):
             rows = run_history(item, h, f"{task[0]}{i}{h[:2]}", codec, backend, chosen, prefix)
             raw.setdefault(task, {}).setdefault(h, []).append(rows)
             bar.update(1)
         backend.clear()
     bar.close()
     return result(len(todo))
+
+
+def merge(parts: Sequence[dict]) -> dict:
+    """One result from shards of the same run (``run(items=...)`` on disjoint item ranges, same settings):
+    raw rows joined in item order, summaries recomputed, seconds summed.
+
+        merge([json.load(open("r0.json")), json.load(open("r1.json"))])
+    """
+    if not parts:
+        raise WindowkitError("merge needs at least one result")
+    same = ("model", "n", "seed", "k", "n_filler", "stream_steps_per_log", "strategies", "histories", "tasks",
+            "rotate_histories")
+    parts = sorted(parts, key=lambda r: r["meta"].get("items", [0, 0])[0])
+    m0 = parts[0]["meta"]
+    for r in parts[1:]:
+        diff = [key for key in same if r["meta"].get(key) != m0.get(key)]
+        if diff:
+            raise WindowkitError(f"cannot merge runs whose settings differ: {', '.join(diff)}")
+    spans = [r["meta"].get("items", [0, m0["n"]]) for r in parts]
+    for (_, hi), (lo, _) in zip(spans, spans[1:]):
+        if lo < hi:
+            raise WindowkitError(f"cannot merge overlapping item ranges: {spans}")
+    raw: dict = {}
+    for r in parts:
+        for task, hists in r["raw"].items():
+            for h, rows in hists.items():
+                raw.setdefault(task, {}).setdefault(h, []).extend(rows)
+    meta = dict(m0, seconds=sum(r["meta"]["seconds"] for r in parts),
+                items_done=sum(r["meta"]["items_done"] for r in parts),
+                items_planned=sum(r["meta"]["items_planned"] for r in parts),
+                complete=all(r["meta"]["complete"] for r in parts) and all(b[1] == a[0] for b, a in zip(spans, spans[1:])),
+                items=[spans[0][0], spans[-1][1]], shards=spans)
+    return {"meta": meta, "summary": aggregate(raw), "pooled": overall(raw), "raw": raw}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -783,6 +822,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--json", default=None, help="write the result JSON here")
     ap.add_argument("--md", default=None, help="write the markdown tables here")
     ap.add_argument("--plot", default=None, help="write the Pareto PNG here")
+    ap.add_argument("--items", default=None, metavar="LO:HI",
+                    help="run items LO..HI-1 of each task only (stream: logs); shards join with --merge")
+    ap.add_argument("--rotate-histories", action="store_true",
+                    help="item i runs history i mod 5 only (N items over the histories, not N per history)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="join these shard results (same settings, disjoint --items) and write --json/--md/--plot")
     a = ap.parse_args(argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     if a.n < 1 or a.k < 2 or a.threads < 1 or a.stream_steps < 1:
@@ -799,12 +844,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             pareto_plot(res["pooled"], a.plot)
         return md
 
+    if a.merge:
+        parts = []
+        for path in a.merge:
+            try:
+                with open(path) as f:
+                    parts.append(json.load(f))
+            except (OSError, ValueError) as e:
+                raise WindowkitError(f"cannot read shard result {path}: {e}") from None
+        print(write(merge(parts)))
+        return 0
+    items = None
+    if a.items:
+        lo, colon, hi = a.items.partition(":")
+        try:
+            items = (int(lo), int(hi))
+        except ValueError:
+            ap.error(f"--items takes LO:HI (two integers), got {a.items!r}")
     res = run(a.n, split(a.tasks), split(a.strategies) if a.strategies else None, split(a.histories), a.seed, a.k,
-              a.filler, a.stream_steps, threads=a.threads, on_item=write)
+              a.filler, a.stream_steps, threads=a.threads, on_item=write, items=items, rotate=a.rotate_histories)
     print(write(res))
     return 0
 
 
-__all__ = ["run", "main", "STRATEGIES_DOC", "build_strategies", "Strategy", "SharedForwards", "TextCodec",
+__all__ = ["run", "merge", "main", "STRATEGIES_DOC", "build_strategies", "Strategy", "SharedForwards", "TextCodec",
            "greedy_answer", "make_history", "wilson", "blend_recompute", "prefix_cache_tokens", "derive"]
 STRATEGIES_DOC = __doc__
