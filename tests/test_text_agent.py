@@ -141,6 +141,8 @@ def test_bench_real_shards_merge_into_the_whole_run() -> None:
 
     with pytest.raises(SystemExit):
         main(["bench", "real", "--items", "3"])
+    with pytest.raises(SystemExit):
+        main(["bench", "real", "--focus-budget", "most"])
     assert main(["bench", "real", "--items", "5:2"]) == 1  # a windowkit error, before any model loads
     assert main(["bench", "real", "--merge", "/nonexistent.json"]) == 1
 

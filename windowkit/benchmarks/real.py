@@ -275,7 +275,8 @@ def build_strategies() -> dict[str, Strategy]:
 
 
 #: the settings a strategy's Window brings onto a fork of the shared pre-step window
-_SETTINGS = ("mode", "rank", "removal_patches", "removal_rank", "orbit_samples", "repair", "fidelity", "cascade")
+_SETTINGS = ("mode", "rank", "removal_patches", "removal_rank", "orbit_samples", "repair", "fidelity", "cascade",
+             "focus_budget")
 
 
 def derive(base: Any, backend: Any, kwargs: dict) -> Any:
@@ -698,14 +699,16 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
         histories: Sequence[str] = HISTORIES, seed: int = 0, k: int = 4, n_filler: int = 4,
         stream_steps: int = 8, model: Any = None, tok: Any = None, threads: int = 2, progress: bool = True,
         on_item: Optional[Callable[[dict], None]] = None, items: Optional[tuple[int, int]] = None,
-        rotate: bool = False) -> dict:
+        rotate: bool = False, focus_budget: Any = "default") -> dict:
     """The benchmark; returns the result dict (meta, summary, pooled, raw rows). ``on_item`` gets the partial
     result after every item (the CLI writes it, so a run cut short still leaves its numbers).
 
     ``items=(lo, hi)`` runs only items lo..hi-1 of each task (stream: logs); an item's content depends on its
     index and the seed only, so shards run apart (other processes, other machines) and ``merge`` joins them into
     the run of the whole range. ``rotate``: item i runs only history ``histories[i % len(histories)]`` (N items
-    spread over the histories instead of N per history: 1/5 of the compute for the same N per task)."""
+    spread over the histories instead of N per history: 1/5 of the compute for the same N per task).
+    ``focus_budget`` (a share in (0, 1] or None): every Window strategy runs with ``Window(focus_budget=...)``
+    instead of the Window's default."""
     for t in tasks:
         if t not in TASKS:
             raise WindowkitError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
@@ -737,6 +740,10 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
     if "exact" not in names:
         names = ["exact"] + names
     chosen = {s: every[s] for s in names}
+    if focus_budget != "default":
+        for st in chosen.values():
+            if st.window is not None and st.window.get("mode") != "exact":
+                st.window = dict(st.window, focus_budget=focus_budget)
     raw: dict = {}
     hist_of = (lambda i: [histories[i % len(histories)]]) if rotate else (lambda i: list(histories))  # noqa: E731
     todo = [(t, i) for t in tasks if t != "stream" for i in range(max(lo, 0), min(hi, n))] + \
@@ -752,6 +759,7 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
                 "strategies": {s: st.note for s, st in chosen.items()}, "histories": list(histories),
                 "tasks": list(tasks), "items_done": done, "items_planned": len(todo), "complete": done == len(todo),
                 "items": [lo, hi], "rotate_histories": bool(rotate),
+                "focus_budget": "window default" if focus_budget == "default" else focus_budget,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         return {"meta": meta, "summary": aggregate(raw), "pooled": overall(raw), "raw": raw}
 
@@ -784,7 +792,7 @@ def merge(parts: Sequence[dict]) -> dict:
     if not parts:
         raise WindowkitError("merge needs at least one result")
     same = ("model", "n", "seed", "k", "n_filler", "stream_steps_per_log", "strategies", "histories", "tasks",
-            "rotate_histories")
+            "rotate_histories", "focus_budget")
     parts = sorted(parts, key=lambda r: r["meta"].get("items", [0, 0])[0])
     m0 = parts[0]["meta"]
     for r in parts[1:]:
@@ -826,6 +834,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="run items LO..HI-1 of each task only (stream: logs); shards join with --merge")
     ap.add_argument("--rotate-histories", action="store_true",
                     help="item i runs history i mod 5 only (N items over the histories, not N per history)")
+    ap.add_argument("--focus-budget", default="default", metavar="SHARE",
+                    help="Window(focus_budget=SHARE) for every Window strategy (a share in (0, 1], or 'none')")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="join these shard results (same settings, disjoint --items) and write --json/--md/--plot")
     a = ap.parse_args(argv)
@@ -861,8 +871,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             items = (int(lo), int(hi))
         except ValueError:
             ap.error(f"--items takes LO:HI (two integers), got {a.items!r}")
+    fb: Any = a.focus_budget
+    if fb not in ("default", "none"):
+        try:
+            fb = float(fb)
+        except ValueError:
+            ap.error(f"--focus-budget takes a share in (0, 1] or 'none', got {fb!r}")
     res = run(a.n, split(a.tasks), split(a.strategies) if a.strategies else None, split(a.histories), a.seed, a.k,
-              a.filler, a.stream_steps, threads=a.threads, on_item=write, items=items, rotate=a.rotate_histories)
+              a.filler, a.stream_steps, threads=a.threads, on_item=write, items=items, rotate=a.rotate_histories,
+              focus_budget=None if fb == "none" else fb)
     print(write(res))
     return 0
 
