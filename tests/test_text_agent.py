@@ -135,6 +135,11 @@ def test_bench_real_shards_merge_into_the_whole_run() -> None:
         real.merge([_fake_result(0, 3), _fake_result(2, 4)])
     with pytest.raises(WindowkitError, match="seed"):
         real.merge([_fake_result(0, 2), _fake_result(2, 4, seed=1)])
+    other = _fake_result(0, 4, tasks=["two-doc"])  # another task's run of the same settings joins beside it
+    other["raw"] = {"two-doc": other["raw"]["retrieval"]}
+    both = real.merge([whole, other])
+    assert both["meta"]["tasks"] == ["retrieval", "two-doc"] and both["meta"]["complete"]
+    assert set(both["summary"]) == {"retrieval", "two-doc"} and both["pooled"]["keep"]["n"] == 8
     with pytest.raises(WindowkitError, match="at least one"):
         real.merge([])
     from windowkit.cli import main

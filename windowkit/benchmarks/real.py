@@ -784,14 +784,15 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
 
 
 def merge(parts: Sequence[dict]) -> dict:
-    """One result from shards of the same run (``run(items=...)`` on disjoint item ranges, same settings):
-    raw rows joined in item order, summaries recomputed, seconds summed.
+    """One result from shards of the same run (``run(items=...)`` on disjoint item ranges, same settings), or
+    from runs of different tasks with the same settings: raw rows joined in item order, summaries recomputed,
+    seconds summed. Shards of one task must not overlap; a gap leaves the result marked incomplete.
 
         merge([json.load(open("r0.json")), json.load(open("r1.json"))])
     """
     if not parts:
         raise WindowkitError("merge needs at least one result")
-    same = ("model", "n", "seed", "k", "n_filler", "stream_steps_per_log", "strategies", "histories", "tasks",
+    same = ("model", "n", "seed", "k", "n_filler", "stream_steps_per_log", "strategies", "histories",
             "rotate_histories", "focus_budget")
     parts = sorted(parts, key=lambda r: r["meta"].get("items", [0, 0])[0])
     m0 = parts[0]["meta"]
@@ -799,20 +800,25 @@ def merge(parts: Sequence[dict]) -> dict:
         diff = [key for key in same if r["meta"].get(key) != m0.get(key)]
         if diff:
             raise WindowkitError(f"cannot merge runs whose settings differ: {', '.join(diff)}")
-    spans = [r["meta"].get("items", [0, m0["n"]]) for r in parts]
-    for (_, hi), (lo, _) in zip(spans, spans[1:]):
-        if lo < hi:
-            raise WindowkitError(f"cannot merge overlapping item ranges: {spans}")
+    tasks = [t for t in TASKS if any(t in r["meta"]["tasks"] for r in parts)]
+    complete = all(r["meta"]["complete"] for r in parts)
+    for t in tasks:
+        spans = [r["meta"].get("items", [0, m0["n"]]) for r in parts if t in r["meta"]["tasks"]]
+        for (_, hi), (lo, _) in zip(spans, spans[1:]):
+            if lo < hi:
+                raise WindowkitError(f"cannot merge overlapping item ranges of task {t}: {spans}")
+            complete &= lo == hi
     raw: dict = {}
     for r in parts:
         for task, hists in r["raw"].items():
             for h, rows in hists.items():
                 raw.setdefault(task, {}).setdefault(h, []).extend(rows)
-    meta = dict(m0, seconds=sum(r["meta"]["seconds"] for r in parts),
+    spans = [r["meta"].get("items", [0, m0["n"]]) for r in parts]
+    meta = dict(m0, seconds=sum(r["meta"]["seconds"] for r in parts), tasks=tasks,
                 items_done=sum(r["meta"]["items_done"] for r in parts),
-                items_planned=sum(r["meta"]["items_planned"] for r in parts),
-                complete=all(r["meta"]["complete"] for r in parts) and all(b[1] == a[0] for b, a in zip(spans, spans[1:])),
-                items=[spans[0][0], spans[-1][1]], shards=spans)
+                items_planned=sum(r["meta"]["items_planned"] for r in parts), complete=complete,
+                items=[min(x[0] for x in spans), max(x[1] for x in spans)],
+                shards=[{"tasks": r["meta"]["tasks"], "items": x} for r, x in zip(parts, spans)])
     return {"meta": meta, "summary": aggregate(raw), "pooled": overall(raw), "raw": raw}
 
 
