@@ -407,6 +407,7 @@ def window_step(strategy: Strategy, win: Any, ops: Sequence[tuple], backend: Sha
     return _answer_step(strategy, win, backend, query, codec, ref, memo, max_new, (t0, r0, p0, f0))
 
 
+# ====================================================================== scoring rows
 def score(out: Outcome, exact: Answer, codec: TextCodec, answer: str) -> dict:
     got, want = rt.first_number(codec.text(out.answer.tokens)), rt.first_number(codec.text(exact.tokens))
     return {"kl": kl_divergence(exact.logits, out.answer.logits), "agree": got == want, "correct": got == answer,
@@ -555,6 +556,7 @@ def _answer_step(st: Strategy, win: Any, backend: SharedForwards, query: torch.T
     return Outcome(ans, win.stats.prefill_tokens - p0 + extra + len(query), win.stats.forwards - f0 + 1, secs)
 
 
+# ====================================================================== aggregation
 def summarize(rows: list[dict]) -> dict:
     """Means and Wilson intervals over rows of one (task, history, strategy)."""
     n = len(rows)
