@@ -13,9 +13,9 @@ question closing the user turn and opening the assistant turn. A step evicts the
   prefix-cache  a real prefix cache: the previous step's KV (transformers DynamicCache) cropped to the longest
                 unchanged token prefix, the rest prefilled over it. After a head eviction that prefix is the
                 system prompt (+ the few header tokens the chunks share): nearly everything is prefilled again.
-  wk-balanced   ``Window(backend, prefix=system_ids)`` defaults (fidelity="balanced": repair "head+sink:5+query:96",
+  wk-balanced   ``Window(backend, prefix=system_ids)`` defaults (fidelity="balanced": repair "head:128+query:96",
                 form="lazy"): ``win.evict("head"); win.admit(chunk); win.forward(question)``
-  wk-position   the same with repair="head+sink:5" (the default's position rule alone, no query focus)
+  wk-position   the same with repair="head:128" (the default's position rule alone, no query focus)
   wk-fast       the same with fidelity="fast" (keep-as-is: survivors only relocate)
   wk-exact      the same with fidelity="exact" (repair "all": every survivor recomputed)
   wk:RULE       the same with repair=RULE (any repair rule, e.g. wk:sink:5+query:96)
@@ -61,7 +61,7 @@ from windowkit.models.texts import PASSAGES, QUESTIONS  # noqa: E402
 SYSTEM = ("You are a careful, precise assistant. Answer the questions about the documents the user gives you below, "
           "using only the facts that those documents state.")  # 37 tokens in the chat template
 STRATEGIES = ["exact", "prefix-cache", "wk-balanced", "wk-position", "wk-fast", "wk-exact"]
-WINDOW_ARGS = {"wk-balanced": {"fidelity": "balanced"}, "wk-position": {"repair": "head+sink:5"},
+WINDOW_ARGS = {"wk-balanced": {"fidelity": "balanced"}, "wk-position": {"repair": "head:128"},
                "wk-fast": {"fidelity": "fast"}, "wk-exact": {"fidelity": "exact"}}
 
 

@@ -95,8 +95,8 @@ def test_measured_front_errors_name_the_file(tmp_path):
 
 
 def test_repair_rule_presets_and_override():
-    assert repair_rule() == RepairRule("head:128+sink:5+query:96", sink=5, head=True, query=96, head_max=128)
-    assert repair_rule("balanced") == RepairRule("head:128+sink:5+query:96", sink=5, head=True, query=96, head_max=128)
+    assert repair_rule() == RepairRule("head:128+query:96", head=True, query=96, head_max=128)
+    assert repair_rule("balanced") == RepairRule("head:128+query:96", head=True, query=96, head_max=128)
     assert repair_rule("exact") == RepairRule("all", full=True)
     assert repair_rule("fast") == RepairRule("none")
     assert repair_rule("balanced", "sink:2") == RepairRule("sink:2", sink=2)

@@ -257,7 +257,7 @@ def test_mla_falls_back_to_a_full_recondition():
 
 # ---------------------------------------------------------------------------------------------- knobs
 def test_fidelity_presets_and_explicit_repair(llama):
-    assert FIDELITY == {"exact": "all", "balanced": "head:128+sink:5+query:96", "fast": "none"}
+    assert FIDELITY == {"exact": "all", "balanced": "head:128+query:96", "fast": "none"}
     assert wk.Window(llama).repair == RepairRule.parse(FIDELITY["balanced"])
     assert wk.Window(llama, fidelity="exact").repair.full
     assert wk.Window(llama, fidelity="fast").repair.is_none

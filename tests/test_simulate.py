@@ -54,7 +54,7 @@ def test_blend(res):
 
 
 def test_windowkit(res):
-    # the defaults: form="lazy" (deferred forming), fidelity="balanced" (repair "head:128+sink:5+query:96"; the cost
+    # the defaults: form="lazy" (deferred forming), fidelity="balanced" (repair "head:128+query:96"; the cost
     # model runs no query focus), the step cap
     # s0: A and B new: the edits (A 4 + B 2) tie with the prefix cache's plan and a tie runs it (exact): one
     #     forward of A B (6) + vision 8; A's KV at 0 is its canonical (1 encode, no extra forward), B's KV behind A

@@ -35,7 +35,7 @@ class WindowConfig:
     fidelity:        "balanced" (default) | "exact" | "fast" | a next-token KL target in nats
     repair:          None (default: the rule ``fidelity`` picks) | a repair spec string | a RepairRule
     cap:             True (default): never plan an assign / reorder step dearer than a prefix cache
-    focus_budget:    0.6 (default) | None: the query focus's share of a prefix cache's step
+    focus_budget:    0.58 (default) | None: the query focus's share of a prefix cache's step
     """
 
     mode: Mode = "patch"
@@ -50,7 +50,7 @@ class WindowConfig:
     fidelity: Union[str, float] = "balanced"
     repair: Union[str, RepairRule, None] = None
     cap: bool = True
-    focus_budget: Optional[float] = 0.6
+    focus_budget: Optional[float] = 0.58
     # the survivor repair rule ``fidelity`` and ``repair`` resolve to (derived, not a setting)
     repair_rule: RepairRule = field(init=False, repr=False, compare=False)
 

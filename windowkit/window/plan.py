@@ -116,7 +116,7 @@ class RepairRule:
 
 
 # fidelity= presets: what each maps to (docs/window.md has the measured front on SmolLM2-135M)
-FIDELITY = {"exact": "all", "balanced": "head:128+sink:5+query:96", "fast": "none"}
+FIDELITY = {"exact": "all", "balanced": "head:128+query:96", "fast": "none"}
 FRONT_PATH = Path(__file__).with_name("repair_front.json")  # written by bench/bench_repair.py from its run
 
 
@@ -145,7 +145,7 @@ def rule_for_kl(target: float, front: Optional[Mapping[str, Mapping[str, float]]
 def repair_rule(fidelity: Union[str, float] = "balanced", repair: Union[str, RepairRule, None] = None) -> RepairRule:
     """The repair rule a fidelity budget (preset name or KL target in nats) picks; ``repair`` overrides it.
 
-        repair_rule("balanced").name == "head:128+sink:5+query:96";  repair_rule(1e-2).name == "head"
+        repair_rule("balanced").name == "head:128+query:96";  repair_rule(1e-2).name == "head"
     """
     if isinstance(fidelity, (int, float)) and not isinstance(fidelity, bool):
         preset = rule_for_kl(fidelity)  # a KL target: the cheapest rule measured under it
