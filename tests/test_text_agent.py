@@ -133,6 +133,10 @@ def test_bench_real_shards_merge_into_the_whole_run() -> None:
     assert not real.merge([_fake_result(0, 1), _fake_result(2, 4)])["meta"]["complete"]  # a gap: not the whole run
     with pytest.raises(WindowkitError, match="overlapping"):
         real.merge([_fake_result(0, 3), _fake_result(2, 4)])
+    cut = _fake_result(0, 2, items=[0, 4], items_planned=4, complete=False)  # a run of 0:4 stopped after 2 items
+    taken_over = real.merge([cut, _fake_result(2, 4)])  # ... and a shard that ran the rest
+    assert taken_over["raw"] == whole["raw"] and taken_over["meta"]["complete"]
+    assert not real.merge([cut])["meta"]["complete"]
     with pytest.raises(WindowkitError, match="seed"):
         real.merge([_fake_result(0, 2), _fake_result(2, 4, seed=1)])
     other = _fake_result(0, 4, tasks=["two-doc"])  # another task's run of the same settings joins beside it

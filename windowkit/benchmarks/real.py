@@ -788,7 +788,9 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
 def merge(parts: Sequence[dict]) -> dict:
     """One result from shards of the same run (``run(items=...)`` on disjoint item ranges, same settings), or
     from runs of different tasks with the same settings: raw rows joined in item order, summaries recomputed,
-    seconds summed. Shards of one task must not overlap; a gap leaves the result marked incomplete.
+    seconds summed. Shards of one task must not overlap. A one-task run cut short covers the items it finished
+    (its rows are in item order), so a shard can take over the rest of a slow run. The result is complete when
+    each task's shards cover all its items (stream: logs).
 
         merge([json.load(open("r0.json")), json.load(open("r1.json"))])
     """
@@ -796,26 +798,32 @@ def merge(parts: Sequence[dict]) -> dict:
         raise WindowkitError("merge needs at least one result")
     same = ("model", "n", "seed", "k", "n_filler", "stream_steps_per_log", "strategies", "histories",
             "rotate_histories", "focus_budget")
-    parts = sorted(parts, key=lambda r: r["meta"].get("items", [0, 0])[0])
     m0 = parts[0]["meta"]
     for r in parts[1:]:
         diff = [key for key in same if r["meta"].get(key) != m0.get(key)]
         if diff:
             raise WindowkitError(f"cannot merge runs whose settings differ: {', '.join(diff)}")
+
+    def span(r: dict) -> list[int]:
+        lo, hi = r["meta"].get("items", [0, m0["n"]])
+        return [lo, lo + r["meta"]["items_done"]] if len(r["meta"]["tasks"]) == 1 else [lo, hi]
+
+    parts = sorted(parts, key=lambda r: span(r)[0])
     tasks = [t for t in TASKS if any(t in r["meta"]["tasks"] for r in parts)]
-    complete = all(r["meta"]["complete"] for r in parts)
+    complete = all(r["meta"]["complete"] for r in parts if len(r["meta"]["tasks"]) > 1)
     for t in tasks:
-        spans = [r["meta"].get("items", [0, m0["n"]]) for r in parts if t in r["meta"]["tasks"]]
+        spans = [span(r) for r in parts if t in r["meta"]["tasks"]]
         for (_, hi), (lo, _) in zip(spans, spans[1:]):
             if lo < hi:
                 raise WindowkitError(f"cannot merge overlapping item ranges of task {t}: {spans}")
-            complete &= lo == hi
+        total = max(1, math.ceil(m0["n"] / m0["stream_steps_per_log"])) if t == "stream" else m0["n"]
+        complete &= spans[0][0] == 0 and spans[-1][1] >= total and all(b[1] == a[0] for b, a in zip(spans, spans[1:]))
     raw: dict = {}
     for r in parts:
         for task, hists in r["raw"].items():
             for h, rows in hists.items():
                 raw.setdefault(task, {}).setdefault(h, []).extend(rows)
-    spans = [r["meta"].get("items", [0, m0["n"]]) for r in parts]
+    spans = [span(r) for r in parts]
     meta = dict(m0, seconds=sum(r["meta"]["seconds"] for r in parts), tasks=tasks,
                 items_done=sum(r["meta"]["items_done"] for r in parts),
                 items_planned=sum(r["meta"]["items_planned"] for r in parts), complete=complete,
