@@ -594,8 +594,8 @@ def aggregate(raw: dict) -> dict:
         pooled: dict = {}
         for hist, items in hists.items():
             out[task][hist] = {}
-            for s in items[0] if items else {}:
-                rows = [it[s] for it in items]
+            for s in dict.fromkeys(k for it in items for k in it):  # every strategy, where merged runs differ
+                rows = [it[s] for it in items if s in it]
                 pooled.setdefault(s, []).extend(rows)
                 out[task][hist][s] = summarize(rows)
         if len(hists) > 1:
