@@ -697,6 +697,11 @@ def pareto_plot(pooled: dict, path: str) -> None:
 
 
 # ====================================================================== the run
+def stream_logs(n: int, steps_per_log: int) -> int:
+    """Logs the stream task runs for ``n`` scored steps (the unit ``--items`` counts for it)."""
+    return max(1, math.ceil(n / steps_per_log))
+
+
 def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence[str]] = None,
         histories: Sequence[str] = HISTORIES, seed: int = 0, k: int = 4, n_filler: int = 4,
         stream_steps: int = 8, model: Any = None, tok: Any = None, threads: int = 2, progress: bool = True,
@@ -719,7 +724,7 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
             raise WindowkitError(f"unknown history {h!r}; choose from {', '.join(HISTORIES)}")
     if n < 1 or k < 2:
         raise WindowkitError(f"--n must be >= 1 and --k >= 2, got n={n} k={k}")
-    n_streams = max(1, math.ceil(n / stream_steps))
+    n_streams = stream_logs(n, stream_steps)
     lo, hi = (0, max(n, n_streams)) if items is None else (int(items[0]), int(items[1]))
     if not 0 <= lo < hi:
         raise WindowkitError(f"items must be a range lo:hi with 0 <= lo < hi, got {lo}:{hi}")
@@ -748,7 +753,7 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
                 st.window = dict(st.window, focus_budget=focus_budget)
     raw: dict = {}
     hist_of = (lambda i: [histories[i % len(histories)]]) if rotate else (lambda i: list(histories))  # noqa: E731
-    todo = [(t, i) for t in tasks if t != "stream" for i in range(max(lo, 0), min(hi, n))] + \
+    todo = [(t, i) for t in tasks if t != "stream" for i in range(lo, min(hi, n))] + \
            [("stream", i) for i in range(lo, min(hi, n_streams)) if "stream" in tasks]
     if not todo:
         raise WindowkitError(f"items {lo}:{hi} holds no item of n = {n} (stream: {n_streams} logs)")
@@ -816,7 +821,7 @@ def merge(parts: Sequence[dict]) -> dict:
         for (_, hi), (lo, _) in zip(spans, spans[1:]):
             if lo < hi:
                 raise WindowkitError(f"cannot merge overlapping item ranges of task {t}: {spans}")
-        total = max(1, math.ceil(m0["n"] / m0["stream_steps_per_log"])) if t == "stream" else m0["n"]
+        total = stream_logs(m0["n"], m0["stream_steps_per_log"]) if t == "stream" else m0["n"]
         complete &= spans[0][0] == 0 and spans[-1][1] >= total and all(b[1] == a[0] for b, a in zip(spans, spans[1:]))
     raw: dict = {}
     for r in parts:
