@@ -57,8 +57,9 @@ class Log:
 
 
 def make_log(seed: int = 0, steps: int = 10, k: int = 5, n_filler: int = 4, lookback_every: int = 3,
-             reach: int = 2) -> Log:
-    """A seeded log long enough for ``steps`` slides of a ``k``-entry window, look-backs every ``lookback_every``."""
+             reach: int = 2, version: int = 2) -> Log:
+    """A seeded log long enough for ``steps`` slides of a ``k``-entry window, look-backs every ``lookback_every``
+    (``version``: of the seeded tasks, ``windowkit.benchmarks.real_tasks``; 1 is the log before 2026-12-06)."""
     if k < 1:
         raise WindowkitError(f"k must be >= 1 entry, got {k}")
     if steps < 1:
@@ -66,7 +67,7 @@ def make_log(seed: int = 0, steps: int = 10, k: int = 5, n_filler: int = 4, look
     if lookback_every < 2:
         raise WindowkitError(f"lookback_every must be >= 2, got {lookback_every}")
     rng = random.Random(f"text-log-{seed}")
-    texts, facts = rt.stream_log(rng, steps + k, n_filler)
+    texts, facts = rt.stream_log(rng, steps + k, n_filler, version)
     return Log(texts, rt.stream_plan(rng, facts, k, steps, lookback_every, reach))
 
 

@@ -460,10 +460,11 @@ def _prefix_cache_outcome(exact: "Outcome", pc: int) -> "Outcome":
 
 
 def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedForwards,
-               strategies: dict[str, Strategy], prefix: Chunk, k: int, steps: int, n_filler: int) -> list[dict]:
+               strategies: dict[str, Strategy], prefix: Chunk, k: int, steps: int, n_filler: int,
+               version: int = 2) -> list[dict]:
     """One log: every strategy keeps its own Window over all steps (``assign`` per step, ``prefetch`` between
     steps); the exact window gives the reference. Returns one {strategy: row} dict per step."""
-    texts, facts = rt.stream_log(rng, steps + k, n_filler)
+    texts, facts = rt.stream_log(rng, steps + k, n_filler, version)
     chunks = [codec.chunk(t, f"{tag}-c{i}") for i, t in enumerate(texts)]
     plan = rt.stream_plan(rng, facts, k, steps)
     wins = {}
@@ -619,7 +620,7 @@ def markdown(summary: dict, pooled: dict, meta: dict) -> str:
     done = "" if meta.get("complete", True) else f" (partial: {meta['items_done']}/{meta['items_planned']} items)"
     spread = ", each item one history (i mod 5)" if meta.get("rotate_histories") else ""
     lines = [f"N = {meta['n']} items per task{spread}{done} ({meta['model']}, seed {meta['seed']}, k = {meta['k']}, "
-             f"{meta['threads']} threads, {meta['seconds']:.0f} s)", "",
+             f"{meta['threads']} threads, {meta['seconds']:.0f} s, tasks version {meta.get('task_version', 1)})", "",
              "| task | history | exact accuracy [95% CI] | n |", "|---|---|---|---:|"]
     for task, hists in summary.items():
         for hist, st in hists.items():
@@ -706,7 +707,7 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
         histories: Sequence[str] = HISTORIES, seed: int = 0, k: int = 4, n_filler: int = 4,
         stream_steps: int = 8, model: Any = None, tok: Any = None, threads: int = 2, progress: bool = True,
         on_item: Optional[Callable[[dict], None]] = None, items: Optional[tuple[int, int]] = None,
-        rotate: bool = False, focus_budget: Any = "default") -> dict:
+        rotate: bool = False, focus_budget: Any = "default", task_version: int = 2) -> dict:
     """The benchmark; returns the result dict (meta, summary, pooled, raw rows). ``on_item`` gets the partial
     result after every item (the CLI writes it, so a run cut short still leaves its numbers).
 
@@ -715,7 +716,10 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
     the run of the whole range. ``rotate``: item i runs only history ``histories[i % len(histories)]`` (N items
     spread over the histories instead of N per history: 1/5 of the compute for the same N per task).
     ``focus_budget`` (a share in (0, 1] or None): every Window strategy runs with ``Window(focus_budget=...)``
-    instead of the Window's default."""
+    instead of the Window's default. ``task_version``: which version of the seeded tasks (``real_tasks``: 2, the
+    default, gives each fact of a window its own kind; 1 is the tasks of the results before 2026-12-06)."""
+    if task_version not in rt.VERSIONS:
+        raise WindowkitError(f"unknown task version {task_version!r}; choose from {rt.VERSIONS}")
     for t in tasks:
         if t not in TASKS:
             raise WindowkitError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
@@ -765,7 +769,7 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
                 "threads": threads, "seconds": time.perf_counter() - t_start, "has_repair_rules": has_repair(),
                 "strategies": {s: st.note for s, st in chosen.items()}, "histories": list(histories),
                 "tasks": list(tasks), "items_done": done, "items_planned": len(todo), "complete": done == len(todo),
-                "items": [lo, hi], "rotate_histories": bool(rotate),
+                "items": [lo, hi], "rotate_histories": bool(rotate), "task_version": task_version,
                 "focus_budget": "window default" if focus_budget == "default" else focus_budget,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         return {"meta": meta, "summary": aggregate(raw), "pooled": overall(raw), "raw": raw}
@@ -776,11 +780,13 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
         rng = random.Random(f"{seed}-{task}-{i}")
         backend.clear()
         if task == "stream":
-            steps = run_stream(rng, f"s{i}", codec, backend, chosen, prefix, k + 1, stream_steps, n_filler)
+            steps = run_stream(rng, f"s{i}", codec, backend, chosen, prefix, k + 1, stream_steps, n_filler,
+                               task_version)
             raw.setdefault("stream", {}).setdefault("slide+look-back", []).extend(steps)
             bar.update(stream_steps)
             continue
-        item = rt.retrieval_item(rng, k, n_filler) if task == "retrieval" else rt.two_doc_item(rng, k, n_filler)
+        make = rt.retrieval_item if task == "retrieval" else rt.two_doc_item
+        item = make(rng, k, n_filler, version=task_version)
         for h in hist_of(i):
             rows = run_history(item, h, f"{task[0]}{i}{h[:2]}", codec, backend, chosen, prefix)
             raw.setdefault(task, {}).setdefault(h, []).append(rows)
@@ -804,8 +810,10 @@ def merge(parts: Sequence[dict]) -> dict:
     same = ("model", "n", "seed", "k", "n_filler", "stream_steps_per_log", "strategies", "histories",
             "rotate_histories", "focus_budget")
     m0 = parts[0]["meta"]
+    version = lambda m: m.get("task_version", 1)  # noqa: E731  (results before versions ran version 1)
     for r in parts[1:]:
         diff = [key for key in same if r["meta"].get(key) != m0.get(key)]
+        diff += ["task_version"] if version(r["meta"]) != version(m0) else []
         if diff:
             raise WindowkitError(f"cannot merge runs whose settings differ: {', '.join(diff)}")
 
@@ -829,7 +837,7 @@ def merge(parts: Sequence[dict]) -> dict:
             for h, rows in hists.items():
                 raw.setdefault(task, {}).setdefault(h, []).extend(rows)
     spans = [span(r) for r in parts]
-    meta = dict(m0, seconds=sum(r["meta"]["seconds"] for r in parts), tasks=tasks,
+    meta = dict(m0, task_version=version(m0), seconds=sum(r["meta"]["seconds"] for r in parts), tasks=tasks,
                 items_done=sum(r["meta"]["items_done"] for r in parts),
                 items_planned=sum(r["meta"]["items_planned"] for r in parts), complete=complete,
                 items=[min(x[0] for x in spans), max(x[1] for x in spans)],
@@ -857,6 +865,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="item i runs history i mod 5 only (N items over the histories, not N per history)")
     ap.add_argument("--focus-budget", default="default", metavar="SHARE",
                     help="Window(focus_budget=SHARE) for every Window strategy (a share in (0, 1], or 'none')")
+    ap.add_argument("--tasks-version", type=int, default=2, choices=rt.VERSIONS,
+                    help="2: each fact of a window its own kind (exact answers well); 1: the tasks before 2026-12-06")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="join these shard results (same settings, disjoint --items) and write --json/--md/--plot")
     a = ap.parse_args(argv)
@@ -900,7 +910,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error(f"--focus-budget takes a share in (0, 1] or 'none', got {fb!r}")
     res = run(a.n, split(a.tasks), split(a.strategies) if a.strategies else None, split(a.histories), a.seed, a.k,
               a.filler, a.stream_steps, threads=a.threads, on_item=write, items=items, rotate=a.rotate_histories,
-              focus_budget=None if fb == "none" else fb)
+              focus_budget=None if fb == "none" else fb, task_version=a.tasks_version)
     print(write(res))
     return 0
 

@@ -9,7 +9,17 @@ question asks for one number, so an answer is scored by the first number in a sh
     log = stream_log(rng, n_chunks=14)       # a long log in chunks + look-back questions per step
 
 Templates (written for windowkit, public domain): people in hotel rooms, shipments in warehouses, lab samples
-in batches, employees in city offices (two-document: person -> city, city office -> room).
+in batches, gym lockers, boarding gates, train platforms, cookbook pages, phone extensions, TV channels, building
+years, restaurant tables, parcel weights; employees in city offices (two-document: person -> city, city office ->
+room).
+
+Two versions of the tasks (``version=``): 1 (until 2026-12-06) drew every fact from three kinds (room, warehouse,
+batch), so a window held several facts of the asked kind and SmolLM2-135M's exact re-prefill answered only 53-63 %
+right (it mixed up same-kind facts: 23 of 39 misses on the stream). 2 (the default) gives the facts of one item,
+and of any 12 consecutive stream entries, distinct kinds: the question's kind names one fact in the window, and
+exact re-prefill answers 92-99 % of stream steps right (k = 8 / 5 entries), 97 % of retrievals and 78 % of the
+two-document items (the issue asks for tasks the model's exact answer gets
+right, so that a strategy's misses are its own, not the model's near ties).
 """
 from __future__ import annotations
 
@@ -18,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from windowkit.errors import WindowkitError
+
 FIRST = ["Maria", "Jonas", "Priya", "Tomas", "Ada", "Elias", "Nora", "Omar", "Lena", "Victor", "Ines", "Hugo",
          "Clara", "Felix", "Yara", "Bruno", "Sofia", "Karl", "Mina", "Pavel", "Rosa", "Anton", "Leila", "Marco"]
 LAST = ["Okafor", "Berg", "Nair", "Weller", "Moreno", "Brand", "Lindqvist", "Haddad", "Novak", "Sato", "Costa",
@@ -25,6 +37,16 @@ LAST = ["Okafor", "Berg", "Nair", "Weller", "Moreno", "Brand", "Lindqvist", "Had
 CITIES = ["Valdera", "Norhaven", "Brightwater", "Kestrel Bay", "Marlow", "Ostend", "Pinecrest", "Ravenna",
           "Solbury", "Thornfield", "Umberton", "Westmoor", "Ashford", "Corvale", "Dunmore", "Elmstead"]
 GOODS = ["dried figs", "olive oil", "copper wire", "wool blankets", "glass jars", "rice", "tea", "paper"]
+DISHES = ["lentil soup", "plum cake", "fish stew", "apple pie", "onion tart", "bean salad", "lemon rice",
+          "pumpkin bread"]
+SPORTS = ["football", "tennis", "rugby", "cycling", "sailing", "hockey", "boxing", "rowing"]
+DESKS = ["The billing desk", "The repair shop", "The front office", "The travel desk", "The night porter",
+         "The pharmacy"]
+BUILDINGS = ["library", "town hall", "lighthouse", "museum", "covered market", "old school", "bell tower",
+             "opera house"]
+V1_KINDS = ("room", "warehouse", "batch")
+KINDS = ("hotel", "warehouse", "batch", "locker", "gate", "platform", "page", "extension", "channel", "year", "table", "weight")
+VERSIONS = (1, 2)
 
 FILLER = [
     "The morning was cold and the streets were quiet.",
@@ -91,9 +113,13 @@ def _number(rng: random.Random, lo: int, hi: int, used: set) -> str:
             return v
 
 
-def make_fact(rng: random.Random, used: set, kinds: tuple = ("room", "warehouse", "batch")) -> Fact:
-    """One single-document fact with its question (room, warehouse or batch)."""
-    kind = rng.choice(list(kinds))
+def make_fact(rng: random.Random, used: set, kinds: tuple = V1_KINDS) -> Fact:
+    """One single-document fact with its question, of a kind drawn from ``kinds``."""
+    return fact_of(rng.choice(list(kinds)), rng, used)
+
+
+def fact_of(kind: str, rng: random.Random, used: set) -> Fact:
+    """One single-document fact of ``kind`` (one of ``KINDS``) with its question and the answer's lead."""
     if kind == "room":
         name, v = _name(rng, used), _number(rng, 101, 499, used)
         return Fact(kind, f"{name} checked in and was given room {v}.", f"What is {name}'s room number?", v, name,
@@ -104,10 +130,66 @@ def make_fact(rng: random.Random, used: set, kinds: tuple = ("room", "warehouse"
         return Fact(kind, f"Shipment {code} of {good} was stored in warehouse {v}.",
                     f"Which warehouse was shipment {code} stored in?", v, code,
                     f"Shipment {code} was stored in warehouse")
-    sample = f"{rng.choice('ABCDEFGH')}-{_number(rng, 10, 99, used)}"
-    v = _number(rng, 100, 999, used)
-    return Fact(kind, f"Sample {sample} was assigned to batch {v}.", f"Which batch was sample {sample} assigned to?",
-                v, sample, f"Sample {sample} was assigned to batch")
+    if kind == "batch":
+        sample = f"{rng.choice('ABCDEFGH')}-{_number(rng, 10, 99, used)}"
+        v = _number(rng, 100, 999, used)
+        return Fact(kind, f"Sample {sample} was assigned to batch {v}.",
+                    f"Which batch was sample {sample} assigned to?", v, sample, f"Sample {sample} was assigned to batch")
+    if kind == "hotel":  # version 2's room: the lead repeats the fact's own words
+        name, v = _name(rng, used), _number(rng, 101, 499, used)
+        return Fact(kind, f"At the hotel, {name} was given room {v}.", f"Which room was {name} given at the hotel?", v,
+                    name, f"{name} was given room")
+    if kind == "locker":
+        name, v = _name(rng, used), _number(rng, 10, 99, used)
+        return Fact(kind, f"At the gym, {name} was given locker {v}.", f"Which locker was {name} given at the gym?",
+                    v, name, f"{name} was given locker")
+    if kind == "gate":
+        city, v = rng.choice(CITIES), _number(rng, 2, 40, used)
+        return Fact(kind, f"The flight to {city} boarded at gate {v}.", f"Which gate did the flight to {city} board at?",
+                    v, city, f"The flight to {city} boarded at gate")
+    if kind == "platform":
+        city, v = rng.choice(CITIES), _number(rng, 2, 19, used)
+        return Fact(kind, f"The night train to {city} left from platform {v}.",
+                    f"Which platform did the night train to {city} leave from?", v, city,
+                    f"The night train to {city} left from platform")
+    if kind == "page":
+        dish, v = rng.choice(DISHES), _number(rng, 20, 300, used)
+        return Fact(kind, f"The recipe for {dish} is on page {v} of the cookbook.",
+                    f"On which page of the cookbook is the recipe for {dish}?", v, dish,
+                    f"The recipe for {dish} is on page")
+    if kind == "extension":
+        desk, v = rng.choice(DESKS), _number(rng, 200, 899, used)
+        return Fact(kind, f"{desk} can be reached on phone extension {v}.",
+                    f"Which phone extension reaches {desk.lower()}?", v, desk, f"{desk} can be reached on extension")
+    if kind == "channel":
+        sport, v = rng.choice(SPORTS), _number(rng, 3, 90, used)
+        return Fact(kind, f"The {sport} final was shown on channel {v}.", f"Which channel showed the {sport} final?",
+                    v, sport, f"The {sport} final was shown on channel")
+    if kind == "year":
+        place, v = rng.choice(BUILDINGS), _number(rng, 1700, 1990, used)
+        return Fact(kind, f"The {place} was built in the year {v}.", f"In which year was the {place} built?", v,
+                    place, f"The {place} was built in the year")
+    if kind == "table":
+        family, v = rng.choice(LAST), _number(rng, 2, 50, used)
+        return Fact(kind, f"The {family} family reserved table {v} for dinner.",
+                    f"Which table did the {family} family reserve?", v, family, f"The {family} family reserved table")
+    if kind == "weight":
+        code, v = _number(rng, 1000, 9999, used), _number(rng, 11, 95, used)
+        return Fact(kind, f"Parcel {code} weighed {v} kilograms on the scale.",
+                    f"How many kilograms did parcel {code} weigh?", v, code, f"Parcel {code} weighed")
+    raise WindowkitError(f"unknown fact kind {kind!r}; choose from {', '.join(V1_KINDS[:1] + KINDS)}")
+
+
+def _check_version(version: int) -> None:
+    if version not in VERSIONS:
+        raise WindowkitError(f"unknown task version {version!r}; choose from {', '.join(map(str, VERSIONS))}")
+
+
+def distinct_facts(rng: random.Random, used: set, n: int, kinds: tuple = KINDS) -> list[Fact]:
+    """``n`` facts of ``n`` different kinds (version 2); more than ``len(kinds)`` is an error."""
+    if n > len(kinds):
+        raise WindowkitError(f"{n} documents need {n} fact kinds, only {len(kinds)} exist (lower k)")
+    return [fact_of(kd, rng, used) for kd in rng.sample(list(kinds), n)]
 
 
 def document(rng: random.Random, fact: Optional[str], n_filler: int) -> str:
@@ -118,29 +200,43 @@ def document(rng: random.Random, fact: Optional[str], n_filler: int) -> str:
     return " ".join(sents)
 
 
-def retrieval_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1) -> Item:
-    """One fact in one of ``k`` documents (the others hold distractor facts of other kinds or none)."""
+def retrieval_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1, version: int = 2) -> Item:
+    """One fact in one of ``k`` documents; every other document holds one distractor fact (version 1: any of
+    three kinds, often the asked one; version 2: each of another kind)."""
+    _check_version(version)
     used: set = set()
-    facts = [make_fact(rng, used) for _ in range(k + extra)]
+    facts = [make_fact(rng, used) for _ in range(k + extra)] if version == 1 else distinct_facts(rng, used, k + extra)
     docs = [document(rng, f.sentence, n_filler) for f in facts]
     target = rng.randrange(k)
     return Item(docs[:k], facts[target].question, facts[target].answer, "retrieval", facts[target].lead, [target],
                 docs[k:])
 
 
-def two_doc_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1) -> Item:
+def two_doc_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1, version: int = 2) -> Item:
     """"X works in the office in city C" (one doc) + "the office in C is in room R" (another) -> room of X.
     One other document names the room of another city's office (a distractor); the rest hold shipment and
-    sample facts. The assistant's answer starts with "X works in the office in" (it names the city first)."""
+    sample facts. The assistant's answer starts with "X works in the office in" (it names the city first).
+    Version 2 says "X is employed at the C branch" / "the C branch is located in room R", and the rest hold facts
+    of other kinds, one each, none a room."""
+    _check_version(version)
     used: set = set()
     cities = rng.sample(CITIES, 2)
     name = _name(rng, used)
     room = _number(rng, 101, 499, used)
     other_room = _number(rng, 101, 499, used)
-    f_work = f"{name} works in the office in {cities[0]}."
-    f_room = f"The office in {cities[0]} is in room {room}."
-    distract = [f"The office in {cities[1]} is in room {other_room}."]
-    pool = [make_fact(rng, used, ("warehouse", "batch")).sentence for _ in range(k + extra)]
+    if version == 1:
+        f_work = f"{name} works in the office in {cities[0]}."
+        f_room = f"The office in {cities[0]} is in room {room}."
+        distract = [f"The office in {cities[1]} is in room {other_room}."]
+        pool = [make_fact(rng, used, ("warehouse", "batch")).sentence for _ in range(k + extra)]
+        q, lead = f"{name} works in an office. What is the room number of that office?", f"{name} works in the office in"
+    else:  # "branch" words: exact re-prefill answers 78 % (the office words: 58 %), see the module docstring
+        f_work = f"{name} is employed at the {cities[0]} branch."
+        f_room = f"The {cities[0]} branch is located in room {room}."
+        distract = [f"The {cities[1]} branch is located in room {other_room}."]
+        kinds = tuple(x for x in KINDS if x != "hotel")  # no other room numbers than the two branches'
+        pool = [f.sentence for f in distinct_facts(rng, used, max(0, k + extra - 3), kinds)]
+        q, lead = f"{name} is employed at a branch. What is the room number of that branch?", f"{name} is employed at the"
     sents = [f_work, f_room] + distract + pool
     order = list(range(k))
     rng.shuffle(order)
@@ -152,9 +248,8 @@ def two_doc_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1) 
         if docs[i] is None:
             docs[i] = document(rng, rest[j], n_filler)
             j += 1
-    q = f"{name} works in an office. What is the room number of that office?"
     del sents
-    return Item([d for d in docs[:k]], q, room, "two-doc", f"{name} works in the office in", sorted(order[:2]),
+    return Item([d for d in docs[:k]], q, room, "two-doc", lead, sorted(order[:2]),
                 [d for d in docs[k:]])
 
 
@@ -171,10 +266,18 @@ class StreamStep:
     lead: str = ""
 
 
-def stream_log(rng: random.Random, n_chunks: int, n_filler: int = 4) -> tuple[list[str], list[Fact]]:
-    """A long log: ``n_chunks`` entries, each a document with one fact."""
+def stream_log(rng: random.Random, n_chunks: int, n_filler: int = 4,
+               version: int = 2) -> tuple[list[str], list[Fact]]:
+    """A long log: ``n_chunks`` entries, each a document with one fact. Version 2 cycles the entries' kinds
+    through a seeded order of all ``KINDS``, so any 12 consecutive entries hold 12 different kinds (a window of
+    k entries with look-backs ``reach`` behind it asks unambiguously while k + reach <= 12)."""
+    _check_version(version)
     used: set = set()
-    facts = [make_fact(rng, used) for _ in range(n_chunks)]
+    if version == 1:
+        facts = [make_fact(rng, used) for _ in range(n_chunks)]
+    else:
+        order = rng.sample(list(KINDS), len(KINDS))
+        facts = [fact_of(order[i % len(order)], rng, used) for i in range(n_chunks)]
     return [document(rng, f.sentence, n_filler) for f in facts], facts
 
 
@@ -207,5 +310,5 @@ def first_number(text: str) -> Optional[str]:
     return m.group(0) if m else None
 
 
-__all__ = ["Item", "Fact", "StreamStep", "SYSTEM", "make_fact", "document", "retrieval_item", "two_doc_item",
+__all__ = ["Item", "Fact", "StreamStep", "SYSTEM", "KINDS", "VERSIONS", "make_fact", "fact_of", "distinct_facts", "document", "retrieval_item", "two_doc_item",
            "stream_log", "stream_plan", "first_number"]
