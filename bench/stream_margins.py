@@ -92,6 +92,7 @@ def main() -> int:
     ap.add_argument("--near-tie", type=float, default=0.6, help="exact's first-digit margin under which a step is a near tie")
     ap.add_argument("--json", default=str(ROOT / "bench/results/stream_margins_k8.json"))
     ap.add_argument("--md", default=str(ROOT / "bench/results/stream_margins_k8.md"))
+    ap.add_argument("--tasks-version", type=int, default=1, help="of the seeded tasks (1: the logs of the runs it studied)")
     ap.add_argument("--from-json", default=None, help="only summarize a JSON this script wrote")
     a = ap.parse_args()
     if a.from_json:
@@ -99,7 +100,8 @@ def main() -> int:
     else:
         W.Window.generate = _recording(W.Window.generate, W, "WINDOW_MARGINS", "tok = int(logits.argmax())")
         R.greedy_answer = _recording(R.greedy_answer, R, "EXACT_MARGINS", "tok = int(res.logits.argmax())")
-        res = R.run(a.n, ["stream"], ["exact", "prefix-cache", a.strategy], ["slide"], a.seed, a.k, 4, 8, threads=1)
+        res = R.run(a.n, ["stream"], ["exact", "prefix-cache", a.strategy], ["slide"], a.seed, a.k, 4, 8, threads=1,
+                    task_version=a.tasks_version)
         rows = res["raw"]["stream"]["slide+look-back"]
         if not (len(rows) == len(EXACT_MARGINS) == len(WINDOW_MARGINS)):
             raise RuntimeError(f"{len(rows)} steps but {len(EXACT_MARGINS)} / {len(WINDOW_MARGINS)} decodes recorded")
