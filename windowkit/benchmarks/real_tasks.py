@@ -45,7 +45,33 @@ DESKS = ["The billing desk", "The repair shop", "The front office", "The travel 
 BUILDINGS = ["library", "town hall", "lighthouse", "museum", "covered market", "old school", "bell tower",
              "opera house"]
 V1_KINDS = ("room", "warehouse", "batch")
-KINDS = ("hotel", "warehouse", "batch", "locker", "gate", "platform", "page", "extension", "channel", "year", "table", "weight")
+#: version 2's added kinds: kind -> (key: "name" | "code" | a list to draw from, number range, fact sentence,
+#: question, the answer's lead); {k} is the key, {kl} the key in lower case, {v} the number asked for
+TEMPLATES = {
+    "hotel": ("name", (101, 499), "At the hotel, {k} was given room {v}.", "Which room was {k} given at the hotel?",
+              "{k} was given room"),
+    "locker": ("name", (10, 99), "At the gym, {k} was given locker {v}.", "Which locker was {k} given at the gym?",
+               "{k} was given locker"),
+    "gate": (CITIES, (2, 40), "The flight to {k} boarded at gate {v}.", "Which gate did the flight to {k} board at?",
+             "The flight to {k} boarded at gate"),
+    "platform": (CITIES, (2, 19), "The night train to {k} left from platform {v}.",
+                 "Which platform did the night train to {k} leave from?", "The night train to {k} left from platform"),
+    "page": (DISHES, (20, 300), "The recipe for {k} is on page {v} of the cookbook.",
+             "On which page of the cookbook is the recipe for {k}?", "The recipe for {k} is on page"),
+    "extension": (DESKS, (200, 899), "{k} can be reached on phone extension {v}.",
+                  "Which phone extension reaches {kl}?",
+                  "{k} can be reached on extension"),
+    "channel": (SPORTS, (3, 90), "The {k} final was shown on channel {v}.", "Which channel showed the {k} final?",
+                "The {k} final was shown on channel"),
+    "year": (BUILDINGS, (1700, 1990), "The {k} was built in the year {v}.", "In which year was the {k} built?",
+             "The {k} was built in the year"),
+    "table": (LAST, (2, 50), "The {k} family reserved table {v} for dinner.", "Which table did the {k} family reserve?",
+              "The {k} family reserved table"),
+    "weight": ("code", (11, 95), "Parcel {k} weighed {v} kilograms on the scale.",
+               "How many kilograms did parcel {k} weigh?",
+               "Parcel {k} weighed"),
+}
+KINDS = ("hotel", "warehouse", "batch") + tuple(k for k in TEMPLATES if k != "hotel")
 VERSIONS = (1, 2)
 
 FILLER = [
@@ -134,49 +160,19 @@ def fact_of(kind: str, rng: random.Random, used: set) -> Fact:
         sample = f"{rng.choice('ABCDEFGH')}-{_number(rng, 10, 99, used)}"
         v = _number(rng, 100, 999, used)
         return Fact(kind, f"Sample {sample} was assigned to batch {v}.",
-                    f"Which batch was sample {sample} assigned to?", v, sample, f"Sample {sample} was assigned to batch")
-    if kind == "hotel":  # version 2's room: the lead repeats the fact's own words
-        name, v = _name(rng, used), _number(rng, 101, 499, used)
-        return Fact(kind, f"At the hotel, {name} was given room {v}.", f"Which room was {name} given at the hotel?", v,
-                    name, f"{name} was given room")
-    if kind == "locker":
-        name, v = _name(rng, used), _number(rng, 10, 99, used)
-        return Fact(kind, f"At the gym, {name} was given locker {v}.", f"Which locker was {name} given at the gym?",
-                    v, name, f"{name} was given locker")
-    if kind == "gate":
-        city, v = rng.choice(CITIES), _number(rng, 2, 40, used)
-        return Fact(kind, f"The flight to {city} boarded at gate {v}.", f"Which gate did the flight to {city} board at?",
-                    v, city, f"The flight to {city} boarded at gate")
-    if kind == "platform":
-        city, v = rng.choice(CITIES), _number(rng, 2, 19, used)
-        return Fact(kind, f"The night train to {city} left from platform {v}.",
-                    f"Which platform did the night train to {city} leave from?", v, city,
-                    f"The night train to {city} left from platform")
-    if kind == "page":
-        dish, v = rng.choice(DISHES), _number(rng, 20, 300, used)
-        return Fact(kind, f"The recipe for {dish} is on page {v} of the cookbook.",
-                    f"On which page of the cookbook is the recipe for {dish}?", v, dish,
-                    f"The recipe for {dish} is on page")
-    if kind == "extension":
-        desk, v = rng.choice(DESKS), _number(rng, 200, 899, used)
-        return Fact(kind, f"{desk} can be reached on phone extension {v}.",
-                    f"Which phone extension reaches {desk.lower()}?", v, desk, f"{desk} can be reached on extension")
-    if kind == "channel":
-        sport, v = rng.choice(SPORTS), _number(rng, 3, 90, used)
-        return Fact(kind, f"The {sport} final was shown on channel {v}.", f"Which channel showed the {sport} final?",
-                    v, sport, f"The {sport} final was shown on channel")
-    if kind == "year":
-        place, v = rng.choice(BUILDINGS), _number(rng, 1700, 1990, used)
-        return Fact(kind, f"The {place} was built in the year {v}.", f"In which year was the {place} built?", v,
-                    place, f"The {place} was built in the year")
-    if kind == "table":
-        family, v = rng.choice(LAST), _number(rng, 2, 50, used)
-        return Fact(kind, f"The {family} family reserved table {v} for dinner.",
-                    f"Which table did the {family} family reserve?", v, family, f"The {family} family reserved table")
-    if kind == "weight":
-        code, v = _number(rng, 1000, 9999, used), _number(rng, 11, 95, used)
-        return Fact(kind, f"Parcel {code} weighed {v} kilograms on the scale.",
-                    f"How many kilograms did parcel {code} weigh?", v, code, f"Parcel {code} weighed")
+                    f"Which batch was sample {sample} assigned to?", v, sample,
+                    f"Sample {sample} was assigned to batch")
+    if kind in TEMPLATES:
+        source, (lo, hi), sentence, question, lead = TEMPLATES[kind]
+        if source == "name":
+            key = _name(rng, used)
+        elif source == "code":
+            key = _number(rng, 1000, 9999, used)
+        else:
+            key = rng.choice(source)
+        v = _number(rng, lo, hi, used)
+        words = {"k": key, "kl": key.lower(), "v": v}
+        return Fact(kind, sentence.format(**words), question.format(**words), v, key, lead.format(**words))
     raise WindowkitError(f"unknown fact kind {kind!r}; choose from {', '.join(V1_KINDS[:1] + KINDS)}")
 
 
@@ -229,14 +225,16 @@ def two_doc_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1, 
         f_room = f"The office in {cities[0]} is in room {room}."
         distract = [f"The office in {cities[1]} is in room {other_room}."]
         pool = [make_fact(rng, used, ("warehouse", "batch")).sentence for _ in range(k + extra)]
-        q, lead = f"{name} works in an office. What is the room number of that office?", f"{name} works in the office in"
+        q = f"{name} works in an office. What is the room number of that office?"
+        lead = f"{name} works in the office in"
     else:  # "branch" words: exact re-prefill answers 78 % (the office words: 58 %), see the module docstring
         f_work = f"{name} is employed at the {cities[0]} branch."
         f_room = f"The {cities[0]} branch is located in room {room}."
         distract = [f"The {cities[1]} branch is located in room {other_room}."]
         kinds = tuple(x for x in KINDS if x != "hotel")  # no other room numbers than the two branches'
         pool = [f.sentence for f in distinct_facts(rng, used, max(0, k + extra - 3), kinds)]
-        q, lead = f"{name} is employed at a branch. What is the room number of that branch?", f"{name} is employed at the"
+        q = f"{name} is employed at a branch. What is the room number of that branch?"
+        lead = f"{name} is employed at the"
     sents = [f_work, f_room] + distract + pool
     order = list(range(k))
     rng.shuffle(order)
@@ -310,5 +308,6 @@ def first_number(text: str) -> Optional[str]:
     return m.group(0) if m else None
 
 
-__all__ = ["Item", "Fact", "StreamStep", "SYSTEM", "KINDS", "VERSIONS", "make_fact", "fact_of", "distinct_facts", "document", "retrieval_item", "two_doc_item",
+__all__ = ["Item", "Fact", "StreamStep", "SYSTEM", "KINDS", "VERSIONS", "TEMPLATES", "make_fact", "fact_of",
+           "distinct_facts", "document", "retrieval_item", "two_doc_item",
            "stream_log", "stream_plan", "first_number"]
