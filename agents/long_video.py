@@ -399,18 +399,18 @@ class PrefixCache:
         past = self.kv.slice(0, n_tok) if k else None
         start = sum(self.spans[:k])
         rest = wanted[k:]
-        self.last_prefill_tokens = sum(len(c) for c in rest)
+        self.last_prefill_tokens = n_rest = sum(len(c) for c in rest)
+        q = Chunk.text(prompt, id="__query__")
+        res = self.backend.forward(rest + [q], start, past)  # the changed suffix and the prompt: one prefill
+        self.backend.forget(q)
         if rest:
-            res = self.backend.forward(rest, start, past)
-            self.kv = res.kv if past is None else concat([past, res.kv])
-            self.spans = self.spans[:k] + list(res.spans)
+            kv = res.kv.slice(0, n_rest)
+            self.kv = kv if past is None else concat([past, kv])
+            self.spans = self.spans[:k] + list(res.spans[:-1])
         else:
             self.kv, self.spans = past, self.spans[:k]
         self.chunks = wanted
-        q = Chunk.text(prompt, id="__query__")
-        out = self.backend.forward([q], sum(self.spans), self.kv).logits
-        self.backend.forget(q)
-        return out
+        return res.logits
 
 
 # ====================================================================== the agent

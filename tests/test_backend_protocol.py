@@ -61,7 +61,7 @@ def test_backend_satisfies_protocol(backends, name):
 def test_flags_say_what_the_backends_do(backends):
     be = backends
     assert be["hf-llama"].needs_past and be["hf-llama"].supports_recompute and be["hf-llama"].reads_attention
-    assert not be["hf-qwen-vl"].supports_recompute and not be["hf-qwen-vl"].reads_attention
+    assert be["hf-qwen-vl"].supports_recompute and not be["hf-qwen-vl"].reads_attention
     assert be["sglang"].supports_recompute and not be["sglang"].reads_attention
     assert not be["costmodel"].needs_past and be["costmodel"].supports_recompute
     assert not be["costmodel"].reads_attention

@@ -99,13 +99,32 @@ def repaired(model):
     return _run(model, repair=None)  # the Window's default survivor repair
 
 
-def test_default_repair_falls_back_to_full_recondition_on_m_rope(repaired):
-    """Qwen2.5-VL (M-RoPE) has no exact selective recompute: the default repair re-conditions the stale
-    survivors with one forward instead (counted in stats.fallbacks), so no step drifts from exact."""
+def test_default_repair_on_m_rope_is_selective_and_exact_here(repaired):
+    """Qwen2.5-VL (M-RoPE) repairs by selective recompute (slots, 3-D positions), never by the full-recondition
+    fallback. It reads no query attention, so the balanced rule spends its query:96 part by position at the edit:
+    on 7-token frames that re-conditions every stale survivor, a step that costs the prefix cache's tokens, which
+    the planner then runs as the prefix cache's plan, deferred into the query's forward. So every answer is exact
+    re-prefill's, and each step is ONE forward (prefill + question together)."""
     agent, _, report = repaired
-    assert agent.win.stats.fallbacks > 0 and agent.win.stats.repaired_tokens > 0
+    win = agent.win
+    assert win.repair.name == "head:128+query:96@position" and win.repair.query == 0
+    assert win.stats.fallbacks == 0 and win.stats.prefix_plans > 0
     assert max(r.kl for r in report.steps) < 1e-3
     assert [r.correct for r in report.steps] == [r.exact_correct for r in report.steps]
+    slides = [r for r in report.steps if r.kind == "slide" and r.ops.get("evict")]
+    assert slides and all(r.delta["forwards"] == 1 for r in slides), [r.delta["forwards"] for r in slides]
+
+
+def test_head_only_repair_on_m_rope_recomputes_one_frame(model):
+    """repair="head": the stale head frame is recomputed wholly by selective recompute (its 7 tokens, 3-D
+    positions), the next survivor keeps its stale KV: fewer tokens than the prefix cache, not equal to exact."""
+    agent, _, report = _run(model, repair="head")
+    win = agent.win
+    assert win.stats.fallbacks == 0 and win.stats.repaired_tokens > 0
+    wk_tok = sum(r.delta["prefill_tokens"] for r in report.steps)
+    pc_tok = sum(r.prefix_cache_tokens for r in report.steps)
+    assert wk_tok < 0.8 * pc_tok, (wk_tok, pc_tok)
+    assert max(r.kl for r in report.steps) > 1e-3  # the second survivor's stale binding is still read
 
 
 def test_stale_survivors_drift_until_refreshed(run, refreshed):

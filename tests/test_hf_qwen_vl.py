@@ -185,6 +185,56 @@ def test_spliced_forward_equals_full_forward(vl):
     assert head.kv.num_tokens == len(c1) + len(c2)
 
 
+def _slots_and_starts(chunks: list[Chunk], backend: HFBackend) -> tuple[list[int], list[int]]:
+    slots, starts, i, p = [], [], 0, 0
+    for c in chunks:
+        slots.append(i)
+        starts.append(p)
+        i += len(c)
+        p += backend.span(c)
+    return slots, starts
+
+
+def test_selective_recompute_reproduces_the_models_own_kv(vl):
+    """M-RoPE selective recompute: over the model's own exact KV, ANY chosen tokens (mid-window, vision pads and
+    text, several chunks, not a suffix: a 4-D mask, 3-D positions, deepstack rows on Qwen3-VL) come back equal to
+    the model's own full forward; a chosen suffix that ends the window gives its logits too."""
+    name, model, backend = vl
+    chunks = mixed_chunks(name)
+    ref_logits, ref_cache = full_forward(model, chunks)
+    slots, starts = _slots_and_starts(chunks, backend)
+    n = sum(len(c) for c in chunks)
+    exact = ChunkKV([(l.keys[0], l.values[0]) for l in ref_cache.layers], backend.layout)
+    g = torch.Generator().manual_seed(3)
+    picks = [torch.randperm(len(c), generator=g)[: max(1, len(c) // 3)].sort().values for c in chunks[1:5]]
+    picks[0] = torch.arange(2, len(chunks[1]))  # every vision pad of the first image (and nothing before them)
+    kvs = backend.recompute(exact, chunks[1:5], starts[1:5], picks, slots=slots[1:5])
+    for c, kv, off, lo in zip(chunks[1:5], kvs, picks, slots[1:5]):
+        assert kv.num_tokens == off.numel()
+        for i, ((k, v), layer) in enumerate(zip(kv.layers, ref_cache.layers)):
+            torch.testing.assert_close(k, layer.keys[0, :, lo + off], atol=KV_ATOL, rtol=1e-5, msg=f"{c.id} L{i} K")
+            torch.testing.assert_close(v, layer.values[0, :, lo + off], atol=KV_ATOL, rtol=1e-5, msg=f"{c.id} L{i} V")
+    # the last chunk's tail: logits of the window's last token
+    last = chunks[-1]
+    kvs, logits = backend.recompute(exact, [chunks[3], last], [starts[3], starts[-1]],
+                                    [torch.tensor([1, 5]), torch.arange(len(last))], slots=[slots[3], slots[-1]],
+                                    return_logits=True)
+    assert kl(ref_logits, logits) <= 1e-6
+    assert_kv_equals_cache(kvs[1], ref_cache, lo=n - len(last))
+
+
+def test_selective_recompute_on_m_rope_needs_slots(vl):
+    """Slots are not positions on M-RoPE (an image holds more tokens than it spans): without them, refuse."""
+    name, model, backend = vl
+    chunks = three_chunks(name)
+    past = backend.forward(chunks[:2], 0).kv
+    with pytest.raises(ChunkError, match="slots"):
+        backend.recompute(past, [chunks[1]], [backend.span(chunks[0])], [torch.tensor([0, 1])])
+    with pytest.raises(ChunkError, match="slots"):
+        backend.recompute(past, [chunks[1]], [backend.span(chunks[0])], [torch.tensor([0, 1])], slots=[0, 1])
+    assert backend.supports_recompute and not backend.reads_attention
+
+
 def test_text_only_chunk(vl):
     name, model, backend = vl
     c = text_chunk(7, seed=21)
@@ -284,9 +334,11 @@ def test_bad_vision_inputs_raise(vl):
 
 
 def test_default_window_slide_is_one_exact_forward(vl):
-    """The default Window on M-RoPE (no selective recompute): a slide (evict head, admit at the tail) is deferred
-    to the next read and runs as ONE forward of the re-conditioned survivors + the new chunk + the query, and the
-    answer equals the model's own full forward over the same contents (the survivors lost their head)."""
+    """The default Window on M-RoPE: a slide (evict head, admit at the tail) is deferred to the next read and runs
+    as ONE selective-recompute forward (slots and 3-D positions; no full-recondition fallback) of the stale
+    survivors (the balanced rule's head:128 and, with no query attention to read, its query:96 by position: all
+    of these small chunks) + the new chunk + the query; the answer equals the model's own full forward over the
+    same contents (the survivors lost their head)."""
     import windowkit as wk
 
     name, model, backend = vl
@@ -301,6 +353,7 @@ def test_default_window_slide_is_one_exact_forward(vl):
     query = text_chunk(3, seed=9)
     logits = win.forward(query)
     assert win.stats.forwards - f0 == 1  # repair + admission + query fused
-    assert win.stats.fallbacks == 1 and win.stats.repaired_tokens == sum(len(c) for c in chunks[1:4])
+    assert sum(len(c) for c in chunks[1:4]) <= 128 + 96
+    assert win.stats.fallbacks == 0 and win.stats.repaired_tokens == sum(len(c) for c in chunks[1:4])
     ref, _ = full_forward(model, chunks[1:5] + [query])
     assert kl(ref, logits) <= 1e-6

@@ -24,6 +24,20 @@ def test_rule_counts_by_hand():
     assert RepairRule.parse("none").counts([3, 4]) == [0, 0]
 
 
+def test_query_part_spent_by_position_by_hand():
+    """by_position (a backend that reads no attention): the query:N budget continues the head and sinks in window
+    order, topping up each stale survivor from its start until N tokens are spent."""
+    r = RepairRule.parse("head:4+query:6").by_position()
+    assert (r.name, r.query, r.extra, r.head_max) == ("head:4+query:6@position", 0, 6, 4)
+    assert r.counts([5, 5, 5]) == [5, 5, 0]  # head 4, then 1 more of the first, 5 of the second
+    assert RepairRule.parse("head:128+query:96").by_position().counts([7, 7]) == [7, 7]  # the binding frames
+    assert RepairRule.parse("sink:2+query:3").by_position().counts([4, 4, 4]) == [4, 3, 2]
+    q = RepairRule.parse("query:8")
+    assert q.is_none and not q.by_position().is_none and q.by_position().counts([3, 3, 3]) == [3, 3, 2]
+    h = RepairRule.parse("head")
+    assert h.by_position() is h  # no query part: unchanged
+
+
 def test_rule_parse_spellings():
     none = RepairRule.parse(None)
     assert none == RepairRule("none") and none.is_none

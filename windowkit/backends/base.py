@@ -111,10 +111,12 @@ class Backend(Protocol):
         ...
 
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
-                  offsets: Sequence[torch.Tensor], *, return_logits: bool = False, probe: bool = False) -> Any:
+                  offsets: Sequence[torch.Tensor], *, slots: Optional[Sequence[int]] = None,
+                  return_logits: bool = False, probe: bool = False) -> Any:
         """Selective recompute (CacheBlend semantics): ONE forward of the tokens at ``offsets`` ([k_i] LongTensor
         per chunk) of each ``chunks[i]`` placed at ``starts[i]``, attending to ``past``'s stale KV of the other
-        tokens. Returns a list of ChunkKV (one per chunk, its chosen tokens); with ``return_logits``
+        tokens. ``slots[i]``: the index in ``past`` of ``chunks[i]``'s first token (default ``starts``: 1-D
+        positions; required where a chunk spans fewer positions than it has tokens, M-RoPE vision). Returns a list of ChunkKV (one per chunk, its chosen tokens); with ``return_logits``
         ``(kvs, logits [vocab])``; with ``probe`` too ``(kvs, logits, weights [positions])`` (needs
         ``reads_attention``). Raises UnsupportedModelError where ``supports_recompute`` is False."""
         ...

@@ -56,11 +56,14 @@ class TextAdapter:
         emb = self.model.get_input_embeddings()
         return Embeds(emb(chunk.input_ids.to(emb.weight.device)))
 
-    def run(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: Any, visual_mask=None, deepstack=None):
+    def run(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: Any, visual_mask=None, deepstack=None,
+            attention_mask: Optional[torch.Tensor] = None):
+        """Decoder over ``embeds`` [1, L, hidden] at ``position_ids`` [1, L] after ``cache`` (under a 4-D
+        ``attention_mask`` where given: a selective recompute); last logits [vocab] and the cache."""
         kw = {self.cache_kw: cache, "use_cache": True}
         if self.has_logits_to_keep:
             kw["logits_to_keep"] = 1
-        out = self.model(inputs_embeds=embeds, position_ids=position_ids, **kw)
+        out = self.model(inputs_embeds=embeds, position_ids=position_ids, attention_mask=attention_mask, **kw)
         new_cache = getattr(out, "cache", None) or out.past_key_values
         return out.logits[0, -1].float(), new_cache
 
@@ -118,6 +121,7 @@ class HFBackend:
                 f"rotary width {self.rope.rot_dim} != cached rope dims {rope_dim} (partial rotary is not supported)"
             )
         self._embed_cache: dict[str, Embeds] = {}
+        self._pos_cache: dict[str, tuple[torch.Tensor, int]] = {}  # M-RoPE positions at 0, by content hash
         self._fingerprint: Optional[str] = None
         if verify:
             self._verify_relocation()
@@ -174,7 +178,15 @@ class HFBackend:
     # ------------------------------------------------------------------ positions and embeddings
     def positions(self, chunk: Chunk, start: int) -> tuple[torch.Tensor, int]:
         """[n_axes, S] position ids of ``chunk`` placed at ``start``, and its span in position space."""
-        return self.adapter.positions(chunk, int(start))
+        if self.adapter.n_axes == 1:
+            return self.adapter.positions(chunk, int(start))
+        # M-RoPE: parsing a chunk's vision groups costs more than a step's bookkeeping; positions(start) is
+        # positions(0) + start on every axis (hf_qwen_vl), so the layout at 0 is kept per content (as embeds)
+        key = chunk.content_hash()
+        got = self._pos_cache.get(key)
+        if got is None:
+            got = self._pos_cache[key] = self.adapter.positions(chunk, 0)
+        return got[0] + int(start), got[1]
 
     def span(self, chunk: Chunk) -> int:
         return self.positions(chunk, 0)[1]
@@ -192,6 +204,7 @@ class HFBackend:
     def forget(self, chunk: Chunk) -> None:
         """Drop a chunk's cached decoder inputs (the store keeps its KV)."""
         self._embed_cache.pop(chunk.content_hash(), None)
+        self._pos_cache.pop(chunk.content_hash(), None)
 
     # ------------------------------------------------------------------ the forward primitive
     def make_cache(self, past: Optional[ChunkKV]) -> Any:
@@ -271,25 +284,31 @@ class HFBackend:
     # ------------------------------------------------------------------ selective recompute (survivor repair)
     @property
     def supports_recompute(self) -> bool:
-        """True where ``recompute`` is exact: text decoders with 1-D positions and per-head K/V
-        (Llama, Qwen2, Qwen3). MLA and M-RoPE families fall back to a full recondition in the Window."""
-        return self.model_type in RECOMPUTE_FAMILIES
+        """True where ``recompute`` is exact: decoders with per-head K/V, text (Llama, Qwen2, Qwen3; 1-D
+        positions) and M-RoPE (Qwen2.5-VL, Qwen3-VL; 3-D positions, ``slots=`` given). MLA families fall back to
+        a full recondition in the Window."""
+        return self.model_type in RECOMPUTE_FAMILIES + VL_FAMILIES
 
     @property
     def reads_attention(self) -> bool:
-        """True where ``query_attention`` and ``recompute(probe=True)`` read attention weights: the same text
-        families as ``supports_recompute``."""
-        return self.supports_recompute
+        """True where ``query_attention`` and ``recompute(probe=True)`` read attention weights: the text families
+        of ``supports_recompute`` (the query-driven focus maps weights to window positions, which are slots only
+        with 1-D positions)."""
+        return self.model_type in RECOMPUTE_FAMILIES
 
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
-                  offsets: Sequence[torch.Tensor], *, return_logits: bool = False, probe: bool = False):
+                  offsets: Sequence[torch.Tensor], *, slots: Optional[Sequence[int]] = None,
+                  return_logits: bool = False, probe: bool = False):
         """CacheBlend-style selective recompute: ONE forward over the chosen tokens at their own positions.
 
-        past:    the window KV from position 0 (prefix + chunks, storage index == position) covering at
-                 least every chosen token's position; the chosen tokens' own entries in it are stale and
-                 never read
+        past:    the window KV from its first token (prefix + chunks) covering at least every chosen token's
+                 slot; the chosen tokens' own entries in it are stale and never read
         chunks:  the chunks holding chosen tokens, each at position ``starts[i]``
         offsets: per chunk, sorted token offsets to recompute (a LongTensor, may be empty)
+        slots:   per chunk, the index in ``past`` (storage order) of its first token. Text decoders: omit it
+                 (storage index == position, ``slots = starts``). M-RoPE (Qwen2.5-VL / Qwen3-VL): required, since
+                 an image's tokens span fewer positions than they hold slots; positions are then the chunk's own
+                 3-D ids (``positions(chunk, starts[i])``) at the chosen offsets
 
         Each chosen token attends to the stale KV of every unchosen token before it (and the prefix) and,
         causally, to the fresh KV of the chosen tokens before it (a 4-D mask; position ids explicit). With
@@ -303,29 +322,53 @@ class HFBackend:
         next-token logits [vocab] of the last chosen token. ``probe=True`` (with ``return_logits``) also reads where
         that last token attends, as ``query_attention`` does: ``(kvs, logits, weights)``, weights [positions up to
         the last chosen one] summed over heads, averaged over layers (stale entries it reads at their positions,
-        fresh chosen tokens at theirs, masked ones 0).
+        fresh chosen tokens at theirs, masked ones 0; in slots, not positions, on M-RoPE models).
         """
         if not self.supports_recompute:
             raise UnsupportedModelError(f"selective recompute is not exact for {self.model_type!r} "
-                                        f"(supported: {', '.join(RECOMPUTE_FAMILIES)})")
+                                        f"(supported: {', '.join(RECOMPUTE_FAMILIES + VL_FAMILIES)})")
         if len(chunks) != len(starts) or len(chunks) != len(offsets):
             raise ChunkError("recompute: chunks, starts and offsets must have the same length")
-        embs, pos, counts = [], [], []
-        for c, s, off in zip(chunks, starts, offsets):
+        multi = self.adapter.n_axes > 1
+        if slots is None:
+            if multi:
+                raise ChunkError("recompute on an M-RoPE model needs slots= (each chunk's first index in past): "
+                                 "an image spans fewer positions than it holds tokens")
+            slots = starts
+        elif len(slots) != len(chunks):
+            raise ChunkError("recompute: slots must have one entry per chunk")
+        embs, idx, pos, counts, vis, deep = [], [], [], [], [], []
+        for c, s, ix, off in zip(chunks, starts, slots, offsets):
             off = torch.as_tensor(off, dtype=torch.long).reshape(-1)
             if off.numel() and (int(off.min()) < 0 or int(off.max()) >= len(c)):
                 raise ChunkError(f"recompute: offsets of chunk {c.id!r} outside 0..{len(c) - 1}")
             counts.append(int(off.numel()))
             if not off.numel():
                 continue
-            embs.append(self.embeds(c).embeds[off.to(self.device)])
-            pos.append(off + int(s))
+            e = self.embeds(c)
+            embs.append(e.embeds[off.to(self.device)])
+            idx.append(off + int(ix))
+            pos.append(self.positions(c, int(s))[0][:, off] if multi else (off + int(s))[None])
+            vm = e.visual_mask[off.to(e.visual_mask.device)] if e.visual_mask is not None else None
+            vis.append(vm if vm is not None else torch.zeros(int(off.numel()), dtype=torch.bool))
+            if e.deepstack is not None and vm is not None and bool(vm.any()):
+                rank = torch.cumsum(e.visual_mask.long(), 0) - 1  # [S] row of each visual token in the features
+                rows = rank[off.to(rank.device)][vm]
+                deep.append([d[rows] for d in e.deepstack])
         outs: list[ChunkKV] = []
         if not embs:
             raise ChunkError("recompute: no token chosen")
-        sel = torch.cat(pos)  # [q] positions of the chosen tokens, increasing in window order
+        sel = torch.cat(idx)  # [q] slots of the chosen tokens in past, increasing in window order
         if bool((sel[1:] <= sel[:-1]).any()):
             raise ChunkError("recompute: chosen positions must increase in window order")
+        position_ids = torch.cat(pos, 1)  # [n_axes, q]
+        visual_mask = deepstack = None
+        if deep:  # Qwen3-VL: the chosen visual tokens' deepstack rows, in token order
+            visual_mask = torch.cat([v.cpu() for v in vis])[None].to(self.device)
+            deepstack = [torch.cat([d[i] for d in deep], 0) for i in range(len(deep[0]))]
+        if probe and not self.reads_attention:
+            raise UnsupportedModelError(f"recompute(probe=True) reads attention for text LLM families, not "
+                                        f"{self.model_type!r}")
         if probe and not return_logits:
             raise ChunkError("recompute: probe=True reads the last chosen token's row: pass return_logits=True")
         s_len = 0 if past is None else past.num_tokens
@@ -357,29 +400,26 @@ class HFBackend:
             blocks = block_plan(sel, (~chosen).nonzero().reshape(-1), cut)
         s_len = cut
         cache = self.make_cache(past)
-        kw = {self.adapter.cache_kw: cache, "use_cache": True}
-        if self.adapter.has_logits_to_keep:
-            kw["logits_to_keep"] = 1
         own = probe or blocks is not None  # windowkit's attention: the probe's row, the blocks
         with attention(self.model, rows=int(probe), blocks=blocks) if own else nullcontext() as rows, torch.no_grad():
-            out = self.model(inputs_embeds=torch.cat(embs, 0)[None], position_ids=sel[None].to(self.device),
-                             attention_mask=mask, **kw)
-        cache = getattr(out, "cache", None) or out.past_key_values
+            logits, cache = self.adapter.run(torch.cat(embs, 0)[None], position_ids.to(self.device), cache,
+                                             visual_mask, deepstack, attention_mask=mask)
         self.stats.forwards += 1
         self.stats.forward_tokens += q
         layers = [(layer.keys[0, :, s_len:], layer.values[0, :, s_len:]) for layer in cache.layers]
         o = 0
         for n in counts:
-            outs.append(ChunkKV([(a[:, o:o + n], b[:, o:o + n]) for a, b in layers], self.layout, sel[None, o:o + n]))
+            outs.append(ChunkKV([(a[:, o:o + n], b[:, o:o + n]) for a, b in layers], self.layout,
+                                position_ids[:, o:o + n].cpu()))
             o += n
         if probe:  # the last chosen token's row over [past[:cut] | chosen tokens] -> window positions
             row = torch.stack([a[-1] for a in rows]).mean(0).cpu()  # [cut + q]
             weights = torch.zeros(span)
             weights[:cut] = row[:cut]
             weights[sel] = row[cut:]
-            return outs, out.logits[0, -1].float(), weights
+            return outs, logits, weights
         if return_logits:
-            return outs, out.logits[0, -1].float()
+            return outs, logits
         return outs
 
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1,
@@ -397,7 +437,7 @@ class HFBackend:
         only (those with ``recompute``). With ``return_kv=True`` returns ``(weights, kv)``: ``past`` followed by the query's KV from that forward, in the
         tensors transformers built for it (no copy: the caller may write into them).
         """
-        if not self.supports_recompute:
+        if not self.reads_attention:
             raise UnsupportedModelError(f"query attention is read for text LLM families, not {self.model_type!r}")
         if past is None or past.num_tokens == 0:
             raise ChunkError("query_attention: no past KV to attend to")

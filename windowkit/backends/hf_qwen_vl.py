@@ -249,9 +249,11 @@ class QwenVLAdapter:
 
     # ------------------------------------------------------------------ decoder
     def run(self, embeds: torch.Tensor, position_ids: torch.Tensor, cache: Any,
-            visual_mask: Optional[torch.Tensor] = None, deepstack: Optional[list[torch.Tensor]] = None
-            ) -> tuple[torch.Tensor, Any]:
+            visual_mask: Optional[torch.Tensor] = None, deepstack: Optional[list[torch.Tensor]] = None,
+            attention_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Any]:
         """Decoder over ``embeds`` [1, L, hidden] at ``position_ids`` [3, L] after ``cache``; last logits [vocab].
+        A 4-D ``attention_mask`` [1, 1, L, cache + L] (a selective recompute: the rows need not continue the cache)
+        goes to the decoder as is; without one, every new token sees the whole cache, causally among themselves.
 
         Position ids go in as [3, 1, L], never [4, 1, L]: with no text-position row transformers builds the
         causal mask from the cache's storage length (new tokens see every cached entry) and never runs its
@@ -268,6 +270,8 @@ class QwenVLAdapter:
                 raise ChunkError("deepstack features need a visual mask with one True per feature row")
             kw["visual_pos_masks"] = visual_mask  # [1, L]
             kw["deepstack_visual_embeds"] = deepstack  # per layer [n_visual, hidden]
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
         out = lm(inputs_embeds=embeds, position_ids=position_ids[:, None].to(embeds.device), **kw)
         new_cache = getattr(out, "cache", None)
         if new_cache is None:

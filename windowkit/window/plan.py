@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import factorial
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
@@ -43,6 +43,10 @@ class RepairRule:
                    driven by the question); combines with the above, e.g. "head+query:32"
       all          every stale survivor wholly (= exact re-conditioning of the survivors)
 
+    On a model backend that reads no attention (M-RoPE: a query's weights are not mapped to its slots) the
+    Window spends a query:N part by position instead (``by_position``): N more stale tokens at the edit, in window
+    order after the head and sinks.
+
         RepairRule.parse("head+sink:5").counts([40, 40, 3])   # [40, 5, 3]
         RepairRule.parse("head:32+sink:5").counts([40, 40])   # [32, 5]
         RepairRule.parse("sink:5+query:32").query            # 32
@@ -54,11 +58,22 @@ class RepairRule:
     full: bool = False
     query: int = 0
     head_max: int = 0  # head:N caps the head at N tokens; 0: the whole first survivor
+    extra: int = 0  # tokens recomputed at the edit after the head and sinks, in window order (by_position)
 
     @property
     def is_none(self) -> bool:
         """Nothing recomputed at the edit (a query:N part may still recompute at the next query)."""
-        return not (self.full or self.head or self.sink)
+        return not (self.full or self.head or self.sink or self.extra)
+
+    def by_position(self) -> "RepairRule":
+        """This rule with its query:N part spent at the edit by position (for a backend that reads no attention):
+        N more stale tokens, continuing the head and sinks in window order.
+
+            RepairRule.parse("head:4+query:6").by_position().counts([5, 5, 5])   # [5, 5, 0]
+        """
+        if not self.query:
+            return self
+        return replace(self, name=f"{self.name}@position", query=0, extra=self.extra + self.query)
 
     def counts(self, sizes: Sequence[int]) -> list[int]:
         """Tokens to recompute (from each chunk's start) for stale survivors of these sizes, in window order."""
@@ -70,6 +85,13 @@ class RepairRule:
         if self.head and ns:
             m = self.head_max
             out[0] = ns[0] if not m or ns[0] <= m else max(m, out[0])
+        left = self.extra
+        for i, n in enumerate(ns):
+            if left <= 0:
+                break
+            more = min(n - out[i], left)
+            out[i] += more
+            left -= more
         return out
 
     @classmethod

@@ -230,6 +230,8 @@ class Window:
         self.cascade = config.cascade
         self.form = config.form
         self.repair = config.repair_rule
+        if self._needs_past and not backend.reads_attention:  # no query weights to focus by: spend it by position
+            self.repair = self.repair.by_position()
         self.fidelity = config.fidelity
         # an exact budget (repair "all"): every step equals re-prefill, so a low-rank stored patch is never
         # served and a reorder runs as the prefix cache's plan (orbit patches are averages, not exact)
@@ -298,6 +300,14 @@ class Window:
     def starts(self) -> list[int]:
         """Start position of every entry (contiguous after the prefix)."""
         out = list(accumulate(map(_SPAN, self._entries), initial=self._prefix_span))
+        out.pop()
+        return out
+
+    def _slots(self) -> list[int]:
+        """Index of every entry's first token in the window's KV (prefix included): its start position on 1-D
+        RoPE, fewer positions than slots after an image on M-RoPE (what ``backend.recompute(slots=)`` takes)."""
+        out = list(accumulate((e.n for e in self._entries), initial=len(self.prefix) if self.prefix is not None
+                              else 0))
         out.pop()
         return out
 
@@ -733,7 +743,7 @@ class Window:
         where = [starts[i] for i in order]
         offsets = [torch.tensor(picked[i]) for i in order]
         if answer:  # the query's last token rides along: its logits answer over the repaired window
-            out = self.backend.recompute(full, chunks + [q], where + [at], offsets + [torch.tensor([len(q) - 1])],
+            out = self._recompute(full, chunks + [q], where + [at], offsets + [torch.tensor([len(q) - 1])],
                                          return_logits=True)
             fresh, logits = out[0][:-1], out[1]
             # the window + query KV the answer decodes over: ``full`` with the fresh tokens written in (no copy)
@@ -742,7 +752,7 @@ class Window:
                 k[:, cols] = torch.cat([x.layers[l][0] for x in out[0]], 1)
                 v[:, cols] = torch.cat([x.layers[l][1] for x in out[0]], 1)
         else:
-            fresh = self.backend.recompute(past, chunks, where, offsets)
+            fresh = self._recompute(past, chunks, where, offsets)
         self.backend.forget(q)
         self.stats.forwards += 1 + look + (ridden is None)
         self.stats.prefill_tokens += n + probe
@@ -886,6 +896,14 @@ class Window:
             if e.id == chunk_id:
                 return i
         raise ChunkNotFoundError(f"chunk {chunk_id!r} is not in the window (ids: {self.ids})")
+
+    def _recompute(self, *args: Any, **kw: Any) -> Any:
+        """``backend.recompute``, counting the vision-tower runs it causes (a deferred admission's first read)."""
+        v0 = self.backend.stats.vision_calls
+        try:
+            return self.backend.recompute(*args, **kw)
+        finally:
+            self.stats.vision_calls += self.backend.stats.vision_calls - v0
 
     def _run(self, chunks: Sequence[Chunk], start: int, past: Optional[ChunkKV]):
         t0 = time.perf_counter()
@@ -1048,6 +1066,33 @@ class Window:
                     return h
         return LazyCtx(context_hash, list(map(self._keys.__getitem__, ante)), self._prefix_key)
 
+    def _prefill_later(self, new: list[Chunk]) -> list[tuple[str, str]]:
+        """The prefix cache's prefill of ``new`` behind the kept entries, deferred: they join as pending tail
+        admissions, so the next read runs them and the query as ONE forward (``_settle``), as a prefix cache
+        prefills the changed suffix and the question together."""
+        self.stats.prefix_plans += 1
+        edits: list[tuple[str, str]] = []
+        fp = self.backend.fingerprint()
+        start = self.next_position
+        recalled = [c.id for c in new if c.id in self._known]
+        for c in new:
+            edits.append(("recall" if c.id in self._known else "admit", c.id))
+            self._known[c.id] = c
+            self._evicted.pop(c.id, None)
+            key = self._keys[c.id] = chunk_key(c.content_hash(), fp)
+            self.store.pin(key)
+            e = _Entry(c, key, self.backend.span(c))
+            e.pending, e.kv_start = True, start
+            start += e.span
+            self._entries.append(e)
+            self._live.add(c.id)
+            self._deferred_tail += 1
+        ids = self.ids
+        for cid in recalled:
+            self.last_cascade = self.graph.on_recall(cid, ids)
+        self._version += 1
+        return edits
+
     def _capped(self) -> bool:
         return self.cap and self.mode == "patch" and self.form == "lazy" and not self.removal_patches
 
@@ -1102,6 +1147,8 @@ class Window:
         new = list(wanted[keep:])
         if not new:  # only drops (the window shrank to its unchanged prefix)
             return edits
+        if self._fuses and (keep or self.prefix is not None):
+            return edits + self._prefill_later(new)
         start = self.next_position
         res = self._run(new, start, self._kv_upto(keep))
         self.stats.prefix_plans += 1
@@ -1367,7 +1414,9 @@ class Window:
             past = None
         at, ks = [i for i, _ in pairs], [k for _, k in pairs]
         total = sum(ks)
-        res = self.backend.recompute(past, [entries[i].chunk for i in at], [starts[i] for i in at], list(map(range, ks)))
+        slots = self._slots()
+        res = self._recompute(past, [entries[i].chunk for i in at], [starts[i] for i in at], list(map(range, ks)),
+                                     slots=[slots[i] for i in at])
         self.stats.forwards += 1
         self.stats.prefill_tokens += total
         self.stats.repaired_tokens += total
@@ -1432,8 +1481,8 @@ class Window:
         patch or conditioned KV for its context, something in front of it) and nothing else is batched."""
         if not self._fuses or (self._repair_pending is not None and self._repair_pending < len(self._entries)):
             return False
-        if (self._recomputes and e.n != e.span) or not e.n or (not ante and self.prefix is None):
-            return False  # a span != its tokens (recompute positions are token positions), or the head: not deferred
+        if not e.n or (not ante and self.prefix is None):
+            return False  # the head: not deferred
         ctx = self._ctx(ante)
         if self.store.has_patch(e.key, ctx) and self._use_patches:
             return False
@@ -1467,15 +1516,18 @@ class Window:
         full = {i for i, k in pairs if k == entries[i].n}
         chunks = [entries[i].chunk for i, _ in pairs] + [x.chunk for x in entries[t:]]
         at = [starts[i] for i, _ in pairs] + starts[t:]
+        slots = self._slots()
+        where = [slots[i] for i, _ in pairs] + slots[t:]  # the same in KV slots (they differ after M-RoPE images)
         offsets = [range(k) for _, k in pairs] + [range(x.n) for x in entries[t:]]
         if query is not None:
             chunks, at, offsets = chunks + [query], at + [self.next_position], offsets + [range(len(query))]
+            where = where + [self.num_tokens]
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
         for j in range(t):  # the window in front of the admissions (a wholly recomputed survivor is masked)
             parts.append(entries[j].kv if j in full else self._kv_at(entries[j], starts[j]))
         t0 = time.perf_counter()
-        probe = probe and query is not None
-        out = self.backend.recompute(concat(parts) if parts else None, chunks, at, offsets,
+        probe = probe and query is not None and self.backend.reads_attention
+        out = self._recompute(concat(parts) if parts else None, chunks, at, offsets, slots=where,
                                      return_logits=query is not None, probe=probe)
         fresh, logits = (out[0], out[1]) if query is not None else (out, None)
         repaired, admitted = sum(k for _, k in pairs), sum(x.n for x in entries[t:])

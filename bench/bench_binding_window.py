@@ -1,0 +1,117 @@
+"""The binding model's sliding window (issue 18's binding target): multi-hop accuracy and time, windowkit's repair
+rules against exact re-prefill and a prefix cache, over several synthetic videos.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_binding_window.py                     # 5 videos x 60 steps, ~1 min
+    PYTHONPATH=. .venv/bin/python bench/bench_binding_window.py --seeds 0,1 --rules default,all
+
+Each video is the long-video example's (``agents.long_video.binding_video``: 60 frames of 7 tokens, a window of
+the last 3 frames behind a BOS prefix, look-backs as ``examples/long_video_qa.py`` makes them, one scored question
+per step). Per rule a ``LongVideoAgent`` runs the 60 steps with an exact re-prefill window and a prefix cache
+beside it (``PrefixCache``: the unchanged leading frames kept, the rest and the question prefilled in ONE
+forward). Rules: ``default`` (the Window's defaults: fidelity "balanced"), or any repair spec (``all``,
+``head``, ``none``, ...). Accuracy and KL are deterministic; times are the sum of the 60 timed steps (windowkit:
+``assign`` + the question's forward; prefix cache: its step), measured in the same run, step by step interleaved.
+
+Writes ``bench/results/binding_window.json`` (``--json``) and ``bench/results/binding_window.md`` (``--md``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from agents.long_video import (BINDING_LOOKBACK, LongVideoAgent, binding_video, lookback_steps,  # noqa: E402
+                               make_plan)
+from windowkit import Window  # noqa: E402
+from windowkit.models.load import load_model  # noqa: E402
+
+N_FRAMES, WINDOW = 60, 3
+
+
+def run_rule(model, seed: int, rule: str) -> dict:
+    frames, ask, prefix = binding_video(N_FRAMES, seed)
+    agent = LongVideoAgent(model, window=WINDOW, prefix=prefix, blind=False, max_new_tokens=1)
+    if rule != "default":
+        agent.win = Window(agent.backend, prefix=agent.prefix, repair=rule)
+    plan = make_plan(len(frames), WINDOW, N_FRAMES, lookback_steps("auto", N_FRAMES, far=BINDING_LOOKBACK[0]),
+                     lookback=BINDING_LOOKBACK)
+    rep = agent.run(frames, plan, (), (), ask=ask)
+    s = rep.summary()
+    mh = [r for r in rep.steps if r.question_kind == "multi_hop"]
+    return dict(seed=seed, rule=rule, repair=agent.win.repair.name, multi_hop=len(mh),
+                windowkit_right=sum(bool(r.correct) for r in mh), exact_right=sum(bool(r.exact_correct) for r in mh),
+                answers_differ=sum(r.correct != r.exact_correct for r in mh),
+                kl_mean=s["kl_mean"], kl_max=s["kl_max"], argmax_agree=s["argmax_agree"],
+                windowkit_tokens=s["windowkit_prefill_tokens"], prefix_cache_tokens=s["prefix_cache_tokens"],
+                windowkit_ms=s["windowkit_ms"], prefix_cache_ms=s["prefix_cache_ms"],
+                step_ratios=[r.ms / r.pc_ms for r in rep.steps if r.pc_ms],
+                fallbacks=agent.win.stats.fallbacks, prefix_plans=agent.win.stats.prefix_plans)
+
+
+def table(rows: list[dict], rules: list[str]) -> str:
+    lines = ["| rule (repair run) | multi-hop right: windowkit / exact (of n) | accuracy delta, points | answers that "
+             "differ | KL mean / max | prefill tokens vs prefix cache | time vs prefix cache (sums / median step) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for rule in rules:
+        rs = [r for r in rows if r["rule"] == rule]
+        n = sum(r["multi_hop"] for r in rs)
+        wk, ex = sum(r["windowkit_right"] for r in rs), sum(r["exact_right"] for r in rs)
+        kl = statistics.mean(r["kl_mean"] for r in rs)
+        klmax = max(r["kl_max"] for r in rs)
+        tok = sum(r["windowkit_tokens"] for r in rs) / sum(r["prefix_cache_tokens"] for r in rs)
+        ms = sum(r["windowkit_ms"] for r in rs) / sum(r["prefix_cache_ms"] for r in rs)
+        med = statistics.median([x for r in rs for x in r["step_ratios"]])
+        lines.append(f"| {rule} (`{rs[0]['repair']}`) | {wk} / {ex} (of {n}) | {100 * (wk - ex) / n:+.1f} | "
+                     f"{sum(r['answers_differ'] for r in rs)} | {kl:.1e} / {klmax:.1e} | {tok:.2f}x | "
+                     f"{ms:.2f}x / {med:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="binding videos")
+    ap.add_argument("--rules", default="default,all,head,none", help="'default' or repair specs, comma-separated")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=str(ROOT / "bench/results/binding_window.json"))
+    ap.add_argument("--md", default=str(ROOT / "bench/results/binding_window.md"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    model = load_model("binding")
+    rows, t0 = [], time.time()
+    for seed in seeds:
+        for rule in rules:
+            r = run_rule(model, seed, rule)
+            rows.append(r)
+            print(f"video {seed} {rule:8s} multi-hop {r['windowkit_right']}/{r['exact_right']} of {r['multi_hop']}, "
+                  f"KL {r['kl_mean']:.1e}, tokens {r['windowkit_tokens']}/{r['prefix_cache_tokens']}, "
+                  f"ms {r['windowkit_ms']:.0f}/{r['prefix_cache_ms']:.0f}", flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    md = (f"Binding model, sliding window of {WINDOW} frames x 7 tokens, {N_FRAMES} steps per video, videos "
+          f"{args.seeds}, torch threads {args.threads}, {platform.machine()} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"commit {commit}, {time.time() - t0:.0f} s)\n\n" + table(rows, rules) + "\n")
+    Path(args.json).write_text(json.dumps(dict(command=" ".join(sys.argv), commit=commit, seeds=seeds, rules=rules,
+                                               rows=rows), indent=1))
+    Path(args.md).write_text(md)
+    print("\n" + md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
