@@ -1066,11 +1066,10 @@ class Window:
                     return h
         return LazyCtx(context_hash, list(map(self._keys.__getitem__, ante)), self._prefix_key)
 
-    def _prefill_later(self, new: list[Chunk]) -> list[tuple[str, str]]:
-        """The prefix cache's prefill of ``new`` behind the kept entries, deferred: they join as pending tail
-        admissions, so the next read runs them and the query as ONE forward (``_settle``), as a prefix cache
-        prefills the changed suffix and the question together."""
-        self.stats.prefix_plans += 1
+    def _append_known(self, new: Sequence[Chunk], pending: bool) -> list[tuple[str, str]]:
+        """Append ``new`` at the tail as the prefix cache's plan holds them (known, pinned; a recall's cascade
+        computed), with no KV yet; ``pending``: as deferred tail admissions, whose prefill the next read runs
+        together with the query (``_settle``: ONE forward, as a prefix cache prefills suffix and question)."""
         edits: list[tuple[str, str]] = []
         fp = self.backend.fingerprint()
         start = self.next_position
@@ -1082,15 +1081,15 @@ class Window:
             key = self._keys[c.id] = chunk_key(c.content_hash(), fp)
             self.store.pin(key)
             e = _Entry(c, key, self.backend.span(c))
-            e.pending, e.kv_start = True, start
-            start += e.span
+            if pending:
+                e.pending, e.kv_start = True, start
+                start += e.span
+                self._deferred_tail += 1
             self._entries.append(e)
             self._live.add(c.id)
-            self._deferred_tail += 1
         ids = self.ids
         for cid in recalled:
             self.last_cascade = self.graph.on_recall(cid, ids)
-        self._version += 1
         return edits
 
     def _capped(self) -> bool:
@@ -1147,25 +1146,14 @@ class Window:
         new = list(wanted[keep:])
         if not new:  # only drops (the window shrank to its unchanged prefix)
             return edits
-        if self._fuses and (keep or self.prefix is not None):
-            return edits + self._prefill_later(new)
-        start = self.next_position
-        res = self._run(new, start, self._kv_upto(keep))
+        deferred = self._fuses and bool(keep or self.prefix is not None)  # (the head with no prefix: not deferred)
+        res = None if deferred else self._run(new, self.next_position, self._kv_upto(keep))
         self.stats.prefix_plans += 1
-        recalled = [c.id for c in new if c.id in self._known]
-        fp = self.backend.fingerprint()
-        for c in new:
-            edits.append(("recall" if c.id in self._known else "admit", c.id))
-            self._known[c.id] = c
-            self._evicted.pop(c.id, None)
-            key = self._keys[c.id] = chunk_key(c.content_hash(), fp)
-            self.store.pin(key)
-            self._entries.append(_Entry(c, key, self.backend.span(c)))
-            self._live.add(c.id)
-        ids = self.ids
-        for cid in recalled:
-            self.last_cascade = self.graph.on_recall(cid, ids)
-        starts, off = self.starts(), 0
+        edits += self._append_known(new, pending=deferred)
+        if deferred:
+            self._version += 1
+            return edits
+        ids, starts, off = self.ids, self.starts(), 0
         front_exact = self._exact_upto(keep)
         for i in range(keep, len(self._entries)):
             e, n = self._entries[i], self._entries[i].n
