@@ -1005,8 +1005,8 @@ class Window:
             canon = self._canonical(e)
             e.kv, e.kv_start = self._placed(canon, start, patch), start
             self.stats.patch_reuses += 1
-        elif (ante or self.prefix is not None) and not lazy and (kv0 := self._conditioned(e, ctx)) is not None:
-            e.kv, e.kv_start = self._placed(kv0, start, None), start  # this chunk behind this context before: exact
+        elif (ante or self.prefix is not None) and not lazy and (got := self._conditioned(e, ctx)) is not None:
+            e.kv, e.kv_start = self._placed(got[0], start - got[1], None), start  # behind this context before: exact
         elif not ante and self.prefix is None:
             # nothing in front: the chunk's prefill at position 0 *is* its canonical; no patch needed
             if self.store.has_canonical(e.key):
@@ -1177,8 +1177,9 @@ class Window:
         """Lazy forming in patch mode keeps each chunk's exact conditioned KV by context (``conditioned_key``)."""
         return self.form == "lazy" and self.mode == "patch"
 
-    def _conditioned(self, e: _Entry, ctx: str) -> Optional[ChunkKV]:
-        """The exact conditioned KV of ``e`` behind context ``ctx`` if the store holds it (lazy forming), at 0."""
+    def _conditioned(self, e: _Entry, ctx: str) -> Optional[tuple[ChunkKV, int]]:
+        """The exact conditioned KV of ``e`` behind context ``ctx`` if the store holds it (lazy forming), and the
+        position it is stored at (``_keep_conditioned``; 0 for entries that name none)."""
         if not self._keeps_conditioned or not self._maybe_known(ctx):
             return None
         ck = conditioned_key(e.key, ctx)
@@ -1186,10 +1187,11 @@ class Window:
             return None
         try:
             kv = self.store.get_canonical(ck, copy=False)  # read-only use: placing makes new tensors
-        except WindowkitError:  # corrupt or vanished: recompute, never serve
+            at = int(self.store.meta(ck).get("start", 0))
+        except (WindowkitError, ValueError):  # corrupt or vanished: recompute, never serve
             self.stats.fallbacks += 1
             return None
-        return kv if kv.num_tokens == e.n else None
+        return (kv, at) if kv.num_tokens == e.n else None
 
     def _context_hint(self) -> Optional[set[str]]:
         """The known-context set of this window's store (``_CONTEXT_HINTS``), or None where it cannot be complete."""
@@ -1218,12 +1220,14 @@ class Window:
         return hint is None or ctx in hint
 
     def _keep_conditioned(self, e: _Entry, kv: ChunkKV, start: int, ctx: str, ante: Sequence[str]) -> None:
-        """Store ``e``'s exact conditioned KV for ``ctx`` (relocated to 0): the same chunk behind the same context
-        later (a look-back, an older branch) is a relocation, as a radix prefix cache would serve it."""
+        """Store ``e``'s exact conditioned KV for ``ctx``: the same chunk behind the same context later (a look-back,
+        an older branch) is a relocation, as a radix prefix cache would serve it. Stored where it stands (meta
+        "start"), not rotated to 0: most of these copies are never read, so the step that makes one pays no
+        rotation, and a reader rotates once, by the difference (none when the chunk returns to its place)."""
         if not self._keeps_conditioned:
             return
-        kv0 = kv if start == 0 or not self._needs_past else kv.relocate(-start, self.backend.rope)
-        self.store.put_canonical(conditioned_key(e.key, ctx), kv0, {"chunk_id": e.id, "context": ctx})
+        self.store.put_canonical(conditioned_key(e.key, ctx), kv,
+                                 {"chunk_id": e.id, "context": ctx, "start": str(int(start))})
         self._note_context(ctx, ante)
 
     def _exact_upto(self, idx: int) -> bool:
@@ -1310,10 +1314,10 @@ class Window:
                     e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
                     self.stats.patch_reuses += 1
                 else:
-                    kv0 = self._conditioned(e, ctx)
-                    if kv0 is None:
+                    got = self._conditioned(e, ctx)
+                    if got is None:
                         continue  # keep-as-is: relocation only
-                    e.kv, e.kv_start = self._placed(kv0, starts[i], None), starts[i]
+                    e.kv, e.kv_start = self._placed(got[0], starts[i] - got[1], None), starts[i]
             e.ctx, e.ante = ctx, ante
             if ante:
                 self.graph.add_patch(e.id, ctx, ante, "fresh", 0, e.n)
@@ -1625,12 +1629,13 @@ class Window:
         if moved:
             self._credit(moved, t0)
 
-    def _placed(self, canon: ChunkKV, start: int, patch: Optional[Patch]) -> ChunkKV:
+    def _placed(self, canon: ChunkKV, delta: int, patch: Optional[Patch]) -> ChunkKV:
+        """``canon`` (KV stored at some position) moved by ``delta`` (a canonical's: its start), ``patch`` applied."""
         t0 = time.perf_counter()
-        kv = place(canon, start, self.backend.rope, patch)
+        kv = place(canon, delta, self.backend.rope, patch)
         if patch is not None:
             self.stats.patch_applies += 1
-        if start != 0:
+        if delta != 0:
             self.stats.relocations += 1
         self.stats.bytes_moved += kv.nbytes
         self._credit(kv.num_tokens, t0)
