@@ -182,14 +182,20 @@ class HFBackend:
             return self.adapter.positions(chunk, int(start))
         # M-RoPE: parsing a chunk's vision groups costs more than a step's bookkeeping; positions(start) is
         # positions(0) + start on every axis (hf_qwen_vl), so the layout at 0 is kept per content (as embeds)
+        got = self._positions_at_0(chunk)
+        return got[0] + int(start), got[1]
+
+    def _positions_at_0(self, chunk: Chunk) -> tuple[torch.Tensor, int]:
         key = chunk.content_hash()
         got = self._pos_cache.get(key)
         if got is None:
             got = self._pos_cache[key] = self.adapter.positions(chunk, 0)
-        return got[0] + int(start), got[1]
+        return got
 
     def span(self, chunk: Chunk) -> int:
-        return self.positions(chunk, 0)[1]
+        if self.adapter.n_axes == 1:
+            return len(chunk)  # 1-D RoPE: one position per token
+        return self._positions_at_0(chunk)[1]  # no tensor work: the span is kept with the layout at 0
 
     def embeds(self, chunk: Chunk) -> Embeds:
         """Decoder inputs of a chunk, cached by content hash (vision runs once per distinct chunk)."""
