@@ -20,7 +20,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench._meta import short_commit, utc_stamp  # noqa: E402
 
 from agents.long_video import (BINDING_LOOKBACK, LongVideoAgent, binding_video, lookback_steps,  # noqa: E402
                                make_plan)
@@ -98,13 +99,9 @@ def main() -> int:
             print(f"video {seed} {rule:8s} multi-hop {r['windowkit_right']}/{r['exact_right']} of {r['multi_hop']}, "
                   f"KL {r['kl_mean']:.1e}, tokens {r['windowkit_tokens']}/{r['prefix_cache_tokens']}, "
                   f"ms {r['windowkit_ms']:.0f}/{r['prefix_cache_ms']:.0f}", flush=True)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = short_commit()
     md = (f"Binding model, sliding window of {WINDOW} frames x 7 tokens, {N_FRAMES} steps per video, videos "
-          f"{args.seeds}, torch threads {args.threads}, {platform.machine()} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{args.seeds}, torch threads {args.threads}, {platform.machine()} ({utc_stamp()}, "
           f"commit {commit}, {time.time() - t0:.0f} s)\n\n" + table(rows, rules) + "\n")
     Path(args.json).write_text(json.dumps(dict(command=" ".join(sys.argv), commit=commit, seeds=seeds, rules=rules,
                                                rows=rows), indent=1))
