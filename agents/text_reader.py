@@ -245,12 +245,15 @@ class TextReaderAgent:
     def _engine_answer(self, win: Any, q: torch.Tensor, stop: Callable[[list[int]], bool]) -> tuple[Answer, int, int]:
         """The step's answer from the SGLang engine with the window restored from its plan: (answer with the
         first token's log-probabilities over the whole vocabulary, tokens SGLang prefilled, tokens it reports
-        as cached). The window's deferred work runs on the Window's KV backend when the plan is built."""
+        as cached). The window's deferred work and its question-aware repair (``Window.focus``: a probe of the
+        question and the tokens it reads, within the focus budget) run on the Window's KV backend before the plan
+        is built, as ``Window.generate`` runs them on transformers."""
         vocab = int(self.model.config.vocab_size)
         sp = {"max_new_tokens": self.max_new, "temperature": 0.0}
         if self.codec.eos is not None:
             sp["stop_token_ids"] = [int(self.codec.eos)]
         t0 = time.perf_counter()
+        win.focus(q)
         plan, kw = self.engine.request(win, q.tolist(), sampling_params=sp)
         out = self.engine.engine.generate(**kw)
         seconds = time.perf_counter() - t0

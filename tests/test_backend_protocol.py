@@ -62,11 +62,11 @@ def test_flags_say_what_the_backends_do(backends):
     be = backends
     assert be["hf-llama"].needs_past and be["hf-llama"].supports_recompute and be["hf-llama"].reads_attention
     assert be["hf-qwen-vl"].supports_recompute and not be["hf-qwen-vl"].reads_attention
-    assert be["sglang"].supports_recompute and not be["sglang"].reads_attention
+    assert be["sglang"].supports_recompute and be["sglang"].reads_attention  # read on its kv_backend
     assert not be["costmodel"].needs_past and be["costmodel"].supports_recompute
     assert not be["costmodel"].reads_attention
     q = wk.Chunk.text(torch.tensor([11, 12, 13]), id="q")
-    for name in ("hf-qwen-vl", "sglang", "costmodel"):
+    for name in ("hf-qwen-vl", "costmodel"):
         b = be[name]
         past = b.forward([wk.Chunk.text(torch.tensor([20, 21, 22, 23]), id="p")], 0).kv
         with pytest.raises(UnsupportedModelError):
@@ -87,13 +87,45 @@ def test_window_types_its_backend_as_the_protocol():
 
 def test_window_reads_capabilities_from_the_protocol(backends):
     """The query focus runs where ``reads_attention`` is True and not where it is False (the flag, not a probe
-    for the method): same model, same edits, HFBackend vs the SGLangBackend over it."""
+    for the method): same model, same edits, HFBackend vs an SGLangBackend over it that says it reads none."""
+
+    class _NoAttention(SGLangBackend):
+        reads_attention = False  # query_attention still works: only the flag may switch the focus off
+
     got = {}
-    for name in ("hf-llama", "sglang"):
-        b = backends[name]
+    for name in ("hf-llama", "no-attention"):
+        b = backends[name] if name in backends else _NoAttention(_Engine(), backends["hf-llama"], page_size=16)
         win = wk.Window(b, repair="query:8", focus_budget=None)
         for k in range(3):
             win.admit(wk.Chunk.text(torch.arange(20, 36) + k, id=f"c{k}"))
         win.evict("head")
         got[name] = win.focus([11, 12, 13], tokens=4)
-    assert got == {"hf-llama": 4, "sglang": 0}
+    assert got == {"hf-llama": 4, "no-attention": 0}
+
+
+def test_sglang_window_focuses_as_its_kv_backend_does(backends):
+    """SGLangBackend reads a query's attention on its kv_backend: a Window served by SGLang keeps the default rule's
+    question-aware part (no by-position stand-in), and its focus repairs the same tokens, to the same KV, as a Window
+    on the kv_backend itself; both land nearer the model's own forward of the window than before the focus."""
+    from model_helpers import reference_logits, text
+    from windowkit.kv.metrics import kl_divergence
+
+    llama, sg = backends["hf-llama"], backends["sglang"]
+    cs = [text(llama, 40, 900 + i, f"s{i}") for i in range(4)]
+    q = text(llama, 6, 999, "q")
+    wins = [wk.Window(b, fidelity="balanced", focus_budget=None) for b in (llama, sg)]
+    assert wins[0].repair.name == wins[1].repair.name and not wins[1].repair.name.endswith("@position")
+    for w in wins:
+        for c in cs:
+            w.admit(c)
+        w.evict("head")
+    before = wins[1].window_kv()
+    picked = [w.focus(q, tokens=16) for w in wins]
+    assert picked == [16, 16]
+    a, b = wins[0].window_kv(), wins[1].window_kv()
+    for (ka, va), (kb, vb) in zip(a.layers, b.layers):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    ref = reference_logits(llama, cs[1:], q.input_ids)
+    kl = [kl_divergence(ref, w.forward(q)) for w in wins]
+    assert kl[0] == pytest.approx(kl[1], abs=1e-9)
+    assert any(not torch.equal(x, y) for (x, _), (y, _) in zip(before.layers, b.layers))  # the focus wrote KV

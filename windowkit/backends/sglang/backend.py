@@ -153,9 +153,13 @@ class SGLangBackend:
 
     # ------------------------------------------------------------------ the Backend protocol (KV side)
     needs_past = True  # the KV side (kv_backend) reads the past
-    # the Window's query focus is not run on an SGLang-served window (it never was: query_attention is not
-    # forwarded to kv_backend); a query's attention is the engine's, not read back
-    reads_attention = False
+
+    @property
+    def reads_attention(self) -> bool:
+        """The query's attention is read on ``kv_backend`` (where every KV the Window forms is computed), so the
+        Window's question-aware repair (``Window.focus(query)``) runs as on that backend, before the plan is sent
+        (``TextReaderAgent`` does so each step). SGLang's own attention is never read back."""
+        return bool(self.kv_backend.reads_attention)
 
     @property
     def layout(self):
@@ -217,8 +221,8 @@ class SGLangBackend:
 
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1, lookahead: int = 0,
                         return_kv: bool = False) -> Any:
-        """Not read on this backend (``reads_attention`` is False): raises UnsupportedModelError."""
-        raise UnsupportedModelError("SGLangBackend does not read query attention (reads_attention is False)")
+        """The query's attention over ``past``, read on ``kv_backend`` (UnsupportedModelError where it reads none)."""
+        return self.kv_backend.query_attention(past, query, start, rows=rows, lookahead=lookahead, return_kv=return_kv)
 
     # ------------------------------------------------------------------ serving through SGLang
     def request(self, window: Any, query_ids: Sequence[int], *, sampling_params: Optional[dict] = None,
