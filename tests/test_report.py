@@ -28,7 +28,7 @@ HAND = {
     "blend": {"total_ms": 36, "prefill_tokens": 14},
     # the Window's defaults (lazy forming, "balanced" repair): tests/test_simulate.py::test_windowkit
     "windowkit": {"total_ms": 35.0, "prefill_tokens": 18, "encodes": 2, "patch_forms": 0, "patch_applies": 0,
-                  "relocations": 1, "bytes_peak": (4 + 2 + 2 + 4 + 10) * 100},
+                  "relocations": 0, "bytes_peak": (4 + 2 + 2 + 4 + 10) * 100},
     # A, B, C prefilled once (10 tokens) + queries 1, 1, 0; vision A, C once (16 ms); holds the 10 distinct tokens
     "floor": {"total_ms": 28, "prefill_tokens": 12, "encodes": 0, "patch_forms": 0, "patch_applies": 0,
               "relocations": 0, "bytes_peak": 10 * 100},

@@ -62,10 +62,11 @@ def test_windowkit(res):
     # s1: [A B] -> [B C]: repairing B wholly (2) + C's conditioned 4 ties with prefilling B C: one forward of 6
     #     + vision 8; B at 0 stored as its canonical (1 encode), C kept as conditioned on (B); query 1 -> 15
     # s2: recall A at the head (canonical from the store: free); B behind A again: its conditioned KV of s0 (exact,
-    #     relocated: replay 2 tokens x 0.5 ms); C is stale: the whole first stale survivor, 4 tokens -> 5
+    #     kept where it stood, at position 4, where the same context puts it again: placed with no rotation, so no
+    #     relocation; replay 2 tokens x 0.5 ms); C is stale: the whole first stale survivor, 4 tokens -> 5
     assert _ms(res, "windowkit") == [15, 15, 5]
     t = res.totals("windowkit")
-    assert (t["encodes"], t["patch_forms"], t["patch_applies"], t["relocations"]) == (2, 0, 0, 1)
+    assert (t["encodes"], t["patch_forms"], t["patch_applies"], t["relocations"]) == (2, 0, 0, 0)
     assert (t["prefill_tokens"], t["vision_encodes"], t["binding_risk"]) == (18, 2, 0)
     # canonicals A 4 + B 2, conditioned B|A 2 + C|B 4, the live window 10; no patch stored
     assert t["bytes_peak"] == (4 + 2 + 2 + 4 + 10) * 100
