@@ -317,6 +317,7 @@ class StepLog:
     exact_correct: Optional[bool] = None  # the same on the exact re-prefill window
     blind_correct: Optional[bool] = None  # the same on a blind-reuse window (``blind=True``)
     blind_kl: Optional[float] = None  # KL(exact || blind)
+    idle_ms: float = 0.0  # measured: ``win.flush()`` after the answer (the step's store writes, between steps)
 
 
 @dataclass
@@ -343,6 +344,7 @@ class AgentReport:
                     answer_agree=sum(ans) / len(ans) if ans else None,
                     windowkit_prefill_tokens=wk_tok, prefix_cache_tokens=pc_tok, exact_prefill_tokens=exact_tok,
                     windowkit_ms=sum(r.ms for r in self.steps),
+                    windowkit_idle_ms=sum(r.idle_ms for r in self.steps),
                     exact_ms=sum(r.exact_ms for r in self.steps if r.exact_ms is not None),
                     prefix_cache_ms=sum(r.pc_ms for r in self.steps if r.pc_ms is not None),
                     prefix_cache_ms_modeled=pc_tok * self.ms_per_token,
@@ -546,6 +548,9 @@ class LongVideoAgent:
             self.recorder.record(self.win, query_tokens=int(prompt.numel()))
         phase("answer")
         answer = self.win.generate(prompt, max_new_tokens=self.max_new_tokens)
+        t_idle = time.perf_counter()
+        self.win.flush()  # between steps: the conditioned copies this step keeps go to the store now
+        idle_ms = (time.perf_counter() - t_idle) * 1e3
         after = self.win.stats.as_dict()
         delta = {k: after[k] - before[k] for k in STAT_FIELDS}
         delta["vision_calls"] = self.backend.stats.vision_calls - vc0
@@ -553,7 +558,7 @@ class LongVideoAgent:
         for op, _ in edits:
             ops[op] = ops.get(op, 0) + 1
         row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
-                      prefix_cache_tokens=common_prefix_tokens(list(prev), wanted))
+                      prefix_cache_tokens=common_prefix_tokens(list(prev), wanted), idle_ms=idle_ms)
         if ask is not None:
             row.question_kind, row.correct = ask.kind, ask.correct(logits)
         if self.ref is not None:

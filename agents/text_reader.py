@@ -93,6 +93,7 @@ class StepRow:
     exact_logits: Optional[torch.Tensor] = None
     exact_tokens_out: list[int] = field(default_factory=list)
     engine_cached: Optional[int] = None  # with an engine: prompt tokens SGLang did not prefill (restored / cached)
+    idle_ms: float = 0.0  # ``win.flush()`` after the answer: the step's store writes, between steps (not in ``ms``)
 
     @property
     def same_as_exact(self) -> bool:
@@ -218,6 +219,9 @@ class TextReaderAgent:
                 a.logits = win.last_logits
                 ms = (time.perf_counter() - t0) * 1e3
                 tokens = win.stats.prefill_tokens - p0 + len(q)
+            t0 = time.perf_counter()
+            win.flush()  # between steps: the exact conditioned copies this step keeps go to the store now
+            idle_ms = (time.perf_counter() - t0) * 1e3
             # exact re-prefill
             t0 = time.perf_counter()
             exact.assign(want)
@@ -234,7 +238,7 @@ class TextReaderAgent:
                           self.codec.text(a.tokens), self.codec.text(e.tokens), self.codec.text(p.tokens),
                           kl_divergence(e.logits, a.logits), tokens, prefix_cache_tokens(prev, want) + len(q),
                           len(window_ids) + len(q), ms, exact_ms, pc_ms, q.tolist(), window_ids, e.logits, e.tokens,
-                          cached)
+                          cached, idle_ms)
             prev = want
             report.steps.append(row)
             if on_step is not None:

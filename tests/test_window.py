@@ -440,6 +440,55 @@ def test_default_defers_forming_to_need_or_prefetch(llama):
     assert kl_divergence(reference_logits(llama, cs[:3], QUERY), win2.forward(QUERY)) <= 1e-6
 
 
+def test_look_back_served_from_kept_copies_is_one_forward(llama):
+    """A look-back whose recalled chunks sit behind contexts they had before (their exact conditioned copies, kept
+    by earlier steps) and whose only new chunk is at the tail: the recalls are placed with no forward and the new
+    chunk's prefill rides with the query, ONE model forward for the step, equal to the model's own forward."""
+    cs = [text(llama, 9, 1600 + i, f"s{i}") for i in range(6)]
+    bos = text(llama, 2, 1599, "bos")
+    win = wk.Window(llama, prefix=bos)  # the default budget (an exact one batches no repair in front of s5)
+    for want in ([1, 2], [3, 4]):  # s1, s2 prefilled behind [bos], [bos, s1]; then another pair
+        win.assign([cs[i] for i in want])
+        win.forward(QUERY)
+        win.flush()
+    f0, p0 = llama.stats.forwards, win.stats.prefill_tokens
+    look = [cs[1], cs[2], cs[5]]  # s1, s2 behind the contexts of their kept copies, s5 new
+    win.assign(look)
+    logits = win.forward(QUERY)
+    assert llama.stats.forwards - f0 == 1  # the query's forward carries s5's prefill
+    assert win.stats.prefill_tokens - p0 == len(cs[5])
+    assert kl_divergence(reference_logits(llama, look, QUERY, prefix=bos), logits) <= 1e-6
+
+
+def test_kept_conditioned_copies_are_written_between_steps(llama):
+    """The exact conditioned KV a step keeps for later look-backs waits in the Window, not written on the step's
+    path; look-ups see it while it waits. ``flush()`` (an agent's idle time) writes it, after which another window
+    on the same store places that chunk behind that context with no forward, equal to the model's own forward;
+    at most 64 copies ever wait."""
+    from windowkit.store import conditioned_key, context_hash
+
+    b, c = text(llama, 7, 1701, "b"), text(llama, 6, 1702, "c")
+    win = wk.Window(llama, fidelity="exact")
+    win.assign([b, c])
+    win.forward(QUERY)
+    key = conditioned_key(win._keys["c"], context_hash([win._keys["b"]]))
+    assert not win.store.has_canonical(key)  # the step wrote no copy ...
+    win.flush()
+    assert win.store.has_canonical(key)  # ... its idle time did
+    win2 = wk.Window(llama, store=win.store, fidelity="exact")
+    f0 = llama.stats.forwards
+    win2.assign([b, c])
+    logits = win2.forward(QUERY)
+    assert llama.stats.forwards - f0 == 1 and win2.stats.prefill_tokens == 0  # only the query's own forward
+    assert kl_divergence(reference_logits(llama, [b, c], QUERY), logits) <= 1e-6
+    many = [text(llama, 3, 1710 + i, f"m{i}") for i in range(40)]
+    for i in range(0, 40, 2):  # 20 steps of 2 new chunks behind the head, never flushed
+        win.assign([b, many[i], many[i + 1]])
+        win.forward(QUERY)
+        assert len(win._unkept) <= 64
+    assert len(win._unkept) <= 2  # each assign wrote the previous step's copies
+
+
 def test_prefetch_skips_patches_for_stale_chunks(llama):
     """A survivor kept as-is (formed on other antecedents) gets no patch for its current context from
     prefetch: its KV is not that context's conditioning."""

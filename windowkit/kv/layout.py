@@ -126,10 +126,13 @@ class ChunkKV:
             raise KVShapeError(f"{what}: device {other.device} != {self.device}")
 
     # ---------------------------------------------------------------- (de)serialisation without pickle
-    def to_tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        out = {f"{prefix}{l}.{s}": t.contiguous() for l, pair in enumerate(self.layers) for s, t in enumerate(pair)}
+    def to_tensors(self, prefix: str = "", contiguous: bool = True) -> dict[str, torch.Tensor]:
+        """Named tensors (``{prefix}{layer}.{slot}``, ``{prefix}positions``); ``contiguous=False`` leaves views as
+        they are, for a caller that copies them anyway (the store's put: one copy, not two)."""
+        fix = (lambda t: t.contiguous()) if contiguous else (lambda t: t)  # noqa: E731
+        out = {f"{prefix}{l}.{s}": fix(t) for l, pair in enumerate(self.layers) for s, t in enumerate(pair)}
         if self.positions is not None:
-            out[f"{prefix}positions"] = self.positions.contiguous()
+            out[f"{prefix}positions"] = fix(self.positions)
         return out
 
     @classmethod

@@ -310,7 +310,7 @@ class ChunkStore:
         self._check_layout(kv.layout, "canonical")
         if isinstance(meta, dict) and _is_cold_meta(meta):  # e.g. meta(key) of a cold entry: the put is exact
             meta = {k: v for k, v in meta.items() if k not in ("approx", "cold")}
-        return self._put(_eid(key, None), kv.to_tensors(), None, meta)
+        return self._put(_eid(key, None), kv.to_tensors(contiguous=False), None, meta)  # _put copies them
 
     def put_patch(self, key: str, ctx: str, patch: Patch, meta: Optional[dict] = None) -> bool:
         """Store a patch of chunk ``key`` formed on context ``ctx`` (see ``context_hash``)."""
@@ -780,6 +780,8 @@ def _check_ctx(ctx: str) -> None:
 def _check_meta(meta: Optional[dict]) -> dict:
     if meta is None:
         return {}
+    if isinstance(meta, dict) and all(type(k) is str and type(v) is str for k, v in meta.items()):
+        return dict(meta)  # flat strings (the Window's own metas): JSON as they are, a copy is enough
     try:  # JSON round trip: the index stores it as JSON, and the caller's dict must not alias ours
         return json.loads(json.dumps(meta))
     except (TypeError, ValueError) as e:

@@ -56,6 +56,7 @@ Where = Union[str, int]
 _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
 
 
+_UNKEPT_MAX = 64  # conditioned copies waiting for their store write (a backstop: assign and flush write them)
 _ID, _SPAN = attrgetter("id"), attrgetter("span")  # C-level per-entry reads (map) on the per-op paths
 
 
@@ -252,6 +253,8 @@ class Window:
         self._deferred_repair: Optional[int] = None  # first index whose stale survivors await repair
         self._defer_work = True  # False runs each edit's forwards at once (same tokens, same KV; tests compare)
         self._deferred_tail = 0  # the last entries are admissions awaiting their conditioned prefill
+        # conditioned copies made by recent steps, not yet written to the store (write_back): key -> (kv, meta)
+        self._unkept: dict[str, tuple[ChunkKV, dict]] = {}
         self.last_logits: Optional[torch.Tensor] = None  # next-token logits of the last forward / generate query
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
         self.graph = DependencyGraph(cost_model=self.cost_model)
@@ -461,6 +464,8 @@ class Window:
                                  "give new content a new id")
         if want_ids == self.ids:
             return []
+        if self._unkept:  # the last step's conditioned copies (free when the agent flushed between steps)
+            self._write_back()
         self._settle()
         if self._capped():
             choice = choose_step(self._view(wanted), want_ids, self.repair)
@@ -511,12 +516,16 @@ class Window:
     def flush(self) -> None:
         """Run deferred work now. An eviction's survivor repair and a tail admission's conditioned prefill wait
         for the next read of the window (``forward``, ``generate``, ``window_kv``) or the next other edit, and
-        run there as one forward with the query; call this to pay for them earlier, e.g. between steps.
+        run there as one forward with the query; the exact conditioned copies a step keeps for later look-backs
+        wait for their store write until the next ``assign``. Call this to pay for both earlier, between steps
+        (an agent's idle time: after the answer, before the next observation).
 
             win.evict("head"); win.admit(chunk)   # nothing run yet
             win.flush()                            # the repair and the admission: one forward
+            logits = win.forward(q); win.flush()   # the step, then its store writes off the critical path
         """
         self._settle()
+        self._write_back()
 
     def stale_ids(self) -> list[str]:
         """Ids whose KV keeps conditioning formed on other antecedents than they have now (kept as-is, or partly
@@ -853,6 +862,7 @@ class Window:
             win.prefetch()                                 # idle time: canonicals + patches
         """
         self._settle()
+        self._write_back()
         e0, f0 = self.stats.encodes, self.stats.patch_forms
         if self.mode == "exact":
             return {"encodes": 0, "patch_forms": 0}
@@ -1127,7 +1137,7 @@ class Window:
             has_orbit=lambda cid, ante: use and store.has_patch(keys[cid], orbit_context_hash([keys[i] for i in ante],
                                                                                              prefix=pk)),
             prefix_tokens=len(self.prefix) if self.prefix is not None else 0,
-            has_exact=lambda cid, ante: lazy and store.has_canonical(conditioned_key(keys[cid], ctx(tuple(ante)))))
+            has_exact=lambda cid, ante: lazy and self._has_conditioned(conditioned_key(keys[cid], ctx(tuple(ante)))))
 
     def _prefill_route(self, keep: int, wanted: Sequence[Chunk]) -> list[tuple[str, str]]:
         """The prefix cache's plan for a step: keep the first ``keep`` entries as they are, drop the rest, and
@@ -1183,6 +1193,10 @@ class Window:
         if not self._keeps_conditioned or not self._maybe_known(ctx):
             return None
         ck = conditioned_key(e.key, ctx)
+        waiting = self._unkept.get(ck)
+        if waiting is not None:  # made by a recent step, not written back yet: the same exact KV
+            kv, meta = waiting
+            return (kv, int(meta["start"])) if kv.num_tokens == e.n else None
         if not self.store.has_canonical(ck):
             return None
         try:
@@ -1226,9 +1240,21 @@ class Window:
         rotation, and a reader rotates once, by the difference (none when the chunk returns to its place)."""
         if not self._keeps_conditioned:
             return
-        self.store.put_canonical(conditioned_key(e.key, ctx), kv,
-                                 {"chunk_id": e.id, "context": ctx, "start": str(int(start))})
+        # written back between steps (``flush``) or once enough wait: the step that makes a copy never reads it
+        self._unkept[conditioned_key(e.key, ctx)] = (kv, {"chunk_id": e.id, "context": ctx, "start": str(int(start))})
         self._note_context(ctx, ante)
+        if len(self._unkept) > _UNKEPT_MAX:
+            self._write_back()
+
+    def _write_back(self) -> int:
+        """Write the waiting conditioned copies to the store; returns how many."""
+        kept, self._unkept = self._unkept, {}
+        for key, (kv, meta) in kept.items():
+            self.store.put_canonical(key, kv, meta)
+        return len(kept)
+
+    def _has_conditioned(self, key: str) -> bool:
+        return key in self._unkept or self.store.has_canonical(key)
 
     def _exact_upto(self, idx: int) -> bool:
         """True when every entry in front of index ``idx`` holds KV exactly conditioned on its current antecedents
@@ -1471,14 +1497,19 @@ class Window:
     def _defers_admission(self, e: _Entry, ante: tuple[str, ...]) -> bool:
         """A tail admission waits for the next read when it would need a conditioned forward now (no stored
         patch or conditioned KV for its context, something in front of it) and nothing else is batched."""
-        if not self._fuses or (self._repair_pending is not None and self._repair_pending < len(self._entries)):
+        if not self._fuses:
             return False
+        pend = self._repair_pending
+        if pend is not None and pend < len(self._entries):
+            entries = list(self._entries)  # a batched repair in front: defer only when it has nothing to do (a
+            if self._stale(entries, [x.id for x in entries], pend, len(entries)):  # look-back's exact recalls)
+                return False
         if not e.n or (not ante and self.prefix is None):
             return False  # the head: not deferred
         ctx = self._ctx(ante)
         if self.store.has_patch(e.key, ctx) and self._use_patches:
             return False
-        return not self.store.has_canonical(conditioned_key(e.key, ctx))
+        return not self._has_conditioned(conditioned_key(e.key, ctx))
 
     def _settle(self, query: Optional[Chunk] = None, probe: bool = False) -> Optional[tuple]:
         """Run the deferred work now as ONE ``backend.recompute``: the pending repair's chosen survivor tokens (at
@@ -1505,6 +1536,10 @@ class Window:
         pairs = self._repair_pairs(entries, stale)
         if not pairs and not tail:
             return None
+        if not pairs and not (probe and query is not None and self.backend.reads_attention):
+            # only admissions (+ the query) behind exact KV: a plain prefill, the prefix cache's own forward (no
+            # per-token masks or slot maps to build)
+            return self._settle_by_forward(entries, ids, starts, [], t, query)
         full = {i for i, k in pairs if k == entries[i].n}
         chunks = [entries[i].chunk for i, _ in pairs] + [x.chunk for x in entries[t:]]
         at = [starts[i] for i, _ in pairs] + starts[t:]
