@@ -68,6 +68,15 @@ class ChunkKV:
             if self.positions.shape[-1] != s:
                 raise KVShapeError(f"positions cover {self.positions.shape[-1]} tokens, KV has {s}")
 
+    @classmethod
+    def _of_valid(cls, layers: list[tuple[torch.Tensor, torch.Tensor]], layout: KVLayout,
+                  positions: Optional[torch.Tensor]) -> "ChunkKV":
+        """A ChunkKV made from a checked one's parts (a slice, a rotation): valid by construction, not re-checked
+        (the checks cost more than the edit on a chunk of a few tokens)."""
+        kv = cls.__new__(cls)
+        kv.layers, kv.layout, kv.positions = layers, layout, positions
+        return kv
+
     # ---------------------------------------------------------------- facts
     @property
     def num_tokens(self) -> int:
@@ -96,11 +105,11 @@ class ChunkKV:
             p[r] = k
             out.append((p[0], p[1]))
         pos = None if self.positions is None else shift_positions(self.positions, delta)
-        return ChunkKV(out, self.layout, pos)
+        return ChunkKV._of_valid(out, self.layout, pos)
 
     def slice(self, start: int, stop: int) -> "ChunkKV":
         pos = None if self.positions is None else self.positions[:, start:stop]
-        return ChunkKV([(a[:, start:stop], b[:, start:stop]) for a, b in self.layers], self.layout, pos)
+        return ChunkKV._of_valid([(a[:, start:stop], b[:, start:stop]) for a, b in self.layers], self.layout, pos)
 
     def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "ChunkKV":
         return ChunkKV([(a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)) for a, b in self.layers],
