@@ -56,7 +56,7 @@ Where = Union[str, int]
 _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
 
 
-_UNKEPT_MAX = 64  # conditioned copies waiting for their store write (a backstop: assign and flush write them)
+_UNKEPT_MAX = 64  # conditioned copies waiting for their store write (a backstop: every edit and flush write them)
 _ID, _SPAN = attrgetter("id"), attrgetter("span")  # C-level per-entry reads (map) on the per-op paths
 
 
@@ -330,6 +330,8 @@ class Window:
 
             cid = win.admit(Chunk.text(ids))
         """
+        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
+            self._write_back()
         if not isinstance(chunk, Chunk):
             raise ChunkError(f"admit expects a windowkit.Chunk, got {type(chunk).__name__}")
         if chunk.id in self:
@@ -346,6 +348,8 @@ class Window:
 
         The canonical stays in the store, so ``recall`` can bring the chunk back later.
         """
+        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
+            self._write_back()
         if not self._entries:
             raise ChunkNotFoundError("evict from an empty window")
         if self._deferred_tail:
@@ -379,6 +383,8 @@ class Window:
     def recall(self, chunk_id: str, at: Optional[int] = None) -> str:
         """Bring an evicted chunk back at index ``at`` (default tail): canonical + R(δ) + a fresh patch
         on its now-fixed earlier context (never the patch frozen at eviction)."""
+        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
+            self._write_back()
         if chunk_id in self:
             raise WindowkitError(f"chunk {chunk_id!r} is already in the window")
         chunk = self._evicted.pop(chunk_id, None) or self._known.get(chunk_id)
@@ -413,6 +419,8 @@ class Window:
 
             win.reorder(["b", "a", "c"])
         """
+        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
+            self._write_back()
         ids = list(ids)
         if sorted(ids) != sorted(self.ids) or len(set(ids)) != len(ids):
             raise WindowkitError(f"reorder needs a permutation of the window's ids {self.ids}, got {ids}")
@@ -517,7 +525,7 @@ class Window:
         """Run deferred work now. An eviction's survivor repair and a tail admission's conditioned prefill wait
         for the next read of the window (``forward``, ``generate``, ``window_kv``) or the next other edit, and
         run there as one forward with the query; the exact conditioned copies a step keeps for later look-backs
-        wait for their store write until the next ``assign``. Call this to pay for both earlier, between steps
+        wait for their store write until the next edit. Call this to pay for both earlier, between steps
         (an agent's idle time: after the answer, before the next observation).
 
             win.evict("head"); win.admit(chunk)   # nothing run yet
@@ -800,8 +808,10 @@ class Window:
         relocated canonical, no conditioning; ``recondition()`` adds it back (stored patches first).
         """
         self._settle()
+        self._write_back()  # the fork reads the same store: the waiting copies go there first
         other = Window.__new__(Window)
         other.__dict__.update(self.__dict__)
+        other._unkept = {}
         other.stats = WindowStats()
         other._step_p0 = self._step_p0 - self.stats.prefill_tokens  # its own counters: the step's spending so far
         other._entries = deque()
