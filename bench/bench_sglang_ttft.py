@@ -34,8 +34,22 @@ the same request returns the first token's log-probabilities over the whole voca
 pages just computed / restored, so it is the same distribution), giving next-token KL(no-cache || windowkit)
 and greedy agreement. sglang-radix is exact by construction (its greedy token is checked too).
 
+``--workload stream`` (issue 15's "with answers as issue 18 requires") replaces the synthetic chunks with the text
+agent's real task: a generated log (``agents.text_reader.make_log``, tasks version 2, ``--filler`` sentences per
+entry: 20 gives ~250-token entries), k entries per window behind the chat prefix, one question per step with its
+answer lead, a look-back (an old entry recalled to the tail) every third step. The Window is reached with
+``assign`` (its planner), ``--focus`` runs ``win.focus(question)`` before the plan (the query-driven repair of
+the text agent's engine path; on by default for this workload), and each answer is decoded (up to 6 tokens,
+untimed: a radix hit on the step's pages) and scored: task accuracy for no-cache and windowkit, greedy agreement
+and next-token KL against no-cache, and the Window's prefill tokens against a prefix cache's (the changed entries
++ the question).
+
 Writes ``bench/results/sglang_ttft.json`` and ``bench/results/sglang_ttft.md`` and plots
 ``docs/img/sglang_ttft.png``.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_sglang_ttft.py --workload stream --steps 12 \
+        --json bench/results/sglang_ttft_stream.json --md bench/results/sglang_ttft_stream.md \
+        --plot docs/img/sglang_ttft_stream.png
 """
 from __future__ import annotations
 
@@ -80,6 +94,32 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return max(float((p.exp() * (p - q)).sum()), 0.0)
 
 
+class StreamWorkload:
+    """The text agent's log as the bench's steps: ids of the chat prefix, of each entry, and per step the entries
+    held (window order), the question's ids (user turn end + assistant header + answer lead) and the truth."""
+
+    def __init__(self, tok, k: int, steps: int, n_filler: int, seed: int):
+        from agents.text_reader import make_log
+        from windowkit.benchmarks.real import TextCodec
+
+        self.codec = TextCodec(tok)
+        self.log = make_log(seed=seed, steps=steps, k=k, n_filler=n_filler)
+        self.system = self.codec.prefix().input_ids
+        self.entries = [self.codec.chunk(t, f"entry-{i}") for i, t in enumerate(self.log.texts)]
+
+    def step(self, i: int):
+        st = self.log.plan[i]
+        return [self.entries[j] for j in st.chunks], self.codec.query(st.question, st.lead), st.answer, st.kind
+
+
+def pc_step_tokens(prev: list, want: list) -> int:
+    """Window tokens a prefix cache holding ``prev`` prefills to reach ``want`` (from the first changed entry)."""
+    k = 0
+    while k < min(len(prev), len(want)) and prev[k].id == want[k].id:
+        k += 1
+    return sum(len(c) for c in want[k:])
+
+
 def run(args) -> dict:
     from windowkit.models.load import load_model
     from windowkit.backends.sglang import SGLangBackend
@@ -90,9 +130,14 @@ def run(args) -> dict:
     model = load_model("smollm2")
     hf = wk.HFBackend(model)
     vocab = int(model.config.vocab_size)
-    system = system_ids(tok)
-    questions = make_questions(tok)
-    chunks = make_chunks(tok, args.k + args.warmup + args.steps, args.chunk_tokens, args.seed)
+    stream = StreamWorkload(tok, args.k, args.warmup + args.steps + 1, args.filler, args.seed) \
+        if args.workload == "stream" else None
+    if stream is None:
+        system = system_ids(tok)
+        questions = make_questions(tok)
+        chunks = make_chunks(tok, args.k + args.warmup + args.steps, args.chunk_tokens, args.seed)
+    else:
+        system = stream.system
     spool = tempfile.mkdtemp(prefix="wk-ttft-", dir=args.spool)
     stats_path = os.path.join(spool, "linker_stats.json")
     t0 = time.perf_counter()
@@ -123,6 +168,10 @@ def run(args) -> dict:
         return plan, kw, o, t_plan - t, time.perf_counter() - t_plan
 
     try:
+        if stream is not None:
+            return {"rows": run_stream(args, stream, sg, eng, hf, vocab, spool, linker, serve, one, full),
+                    "engine_start_s": start_s,
+                    "entry_tokens_mean": statistics.mean(len(c) for c in stream.entries)}
         wins = {}
         for c in CONFIGS[2:]:
             if c in args.configs:
@@ -201,6 +250,95 @@ def run(args) -> dict:
     return {"rows": rows, "engine_start_s": start_s}
 
 
+def run_stream(args, stream: StreamWorkload, sg, eng, hf, vocab: int, spool: str, linker, serve, one: dict,
+               full: dict) -> list[dict]:
+    """``run`` on the text agent's log (``--workload stream``): ``assign`` per step, answers decoded and scored."""
+    from windowkit.benchmarks import real_tasks as rt
+
+    answer = {"max_new_tokens": 6, "temperature": 0.0}
+    decode = stream.codec.text
+    wins = {c: wk.Window(hf, prefix=wk.Chunk.text(stream.system, id="__prefix__"), fidelity=args.fidelity)
+            for c in args.configs}
+    want0, q0, _, _ = stream.step(0)  # step 0 fills the window (untimed)
+    eng.generate(input_ids=torch.cat([stream.system, *[c.input_ids for c in want0], q0]).tolist(),
+                 sampling_params=one)
+    for c, win in wins.items():
+        win.assign(want0 if c == "windowkit" else want0[:-1])
+        if c == "windowkit-tail":
+            win.assign(want0)
+        serve(win, win.window_kv(), window_token_ids(win), q0.tolist())
+        win.flush()
+    prev, rows = want0, []
+    for s in range(args.warmup + args.steps):
+        want, q, truth, kind = stream.step(s + 1)
+        ids = torch.cat([stream.system, *[c.input_ids for c in want], q]).tolist()
+        row = {"step": s - args.warmup, "warmup": s < args.warmup, "prompt_tokens": len(ids), "kind": kind,
+               "truth": truth, "pc_tokens": pc_step_tokens(prev, want) + len(q)}
+        t = time.perf_counter()
+        o = eng.generate(input_ids=ids, sampling_params=one)
+        row["sglang-radix"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
+                               "token": o["output_ids"][0]}
+        eng.flush_cache()
+        t = time.perf_counter()
+        o = eng.generate(input_ids=ids, sampling_params=one)
+        row["no-cache"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
+                           "token": o["output_ids"][0]}
+        ref = logprobs(eng.generate(input_ids=ids, sampling_params=one, **full), vocab)  # untimed, a radix hit
+        row["reference_top"] = int(ref.argmax())
+        ref_text = decode(eng.generate(input_ids=ids, sampling_params=answer)["output_ids"])
+        row["reference_answer"], row["reference_correct"] = ref_text, rt.first_number(ref_text) == truth
+        for c, win in wins.items():
+            before = linker()
+            t = time.perf_counter()
+            p0 = win.stats.prefill_tokens
+            if c == "windowkit":  # the whole window from the Window (its planner, repair, the new entry's prefill)
+                win.assign(want)
+                if args.focus:
+                    win.focus(q)
+                kv = win.window_kv()
+                t_kv = time.perf_counter()
+                plan, kw, o, plan_s, engine_s = serve(win, kv, window_token_ids(win), q.tolist())
+            else:  # windowkit-tail: the survivors from the Window, the step's last entry prefilled by SGLang
+                win.assign(want[:-1])
+                if args.focus:
+                    win.focus(q)
+                kv = win.window_kv()
+                t_kv = time.perf_counter()
+                plan, kw, o, plan_s, engine_s = serve(win, kv, window_token_ids(win),
+                                                      want[-1].input_ids.tolist() + q.tolist())
+            ttft = time.perf_counter() - t
+            kv_tokens = win.stats.prefill_tokens - p0
+            t2 = time.perf_counter()  # after the first token: the tail entry's KV for the next steps, store writes
+            if c == "windowkit-tail":
+                win.assign(want)
+            win.flush()
+            after_s = time.perf_counter() - t2
+            after = linker()
+            assert kw["input_ids"] == ids, "windowkit's prompt must be the same token ids"
+            salt = kw.get("cache_salt")  # untimed repeats in the plan's namespace: hits on the pages just restored
+            lp = logprobs(eng.generate(input_ids=ids, sampling_params=one, cache_salt=salt, **full), vocab)
+            text = decode(eng.generate(input_ids=ids, sampling_params=answer, cache_salt=salt)["output_ids"])
+            # tokens the windowkit step prefilled: the Window's (before and after the first token) + SGLang's
+            tokens = win.stats.prefill_tokens - p0 + len(ids) - plan.num_tokens
+            row[c] = {"s": ttft, "window_kv_s": t_kv - t, "plan_s": plan_s, "engine_s": engine_s,
+                      "after_first_token_s": after_s, "step_s": ttft + after_s,
+                      "cached": o["meta_info"]["cached_tokens"], "token": o["output_ids"][0],
+                      "kv_prefill_tokens": kv_tokens, "after_prefill_tokens": win.stats.prefill_tokens - p0 - kv_tokens,
+                      "plan_tokens": plan.num_tokens, "sglang_prefill_tokens": len(ids) - plan.num_tokens,
+                      "prefill_tokens": tokens,
+                      "restored": after.get("tokens_restored", 0) - before.get("tokens_restored", 0),
+                      "fallbacks": after.get("fallbacks", 0) - before.get("fallbacks", 0),
+                      "kl": kl(ref, lp), "greedy_top": int(lp.argmax()), "answer": text,
+                      "correct": rt.first_number(text) == truth}
+            os.remove(plan.kv_ref)
+        prev = want
+        rows.append(row)
+        print(json.dumps({k: (v if not isinstance(v, dict) else {a: (round(b, 3) if isinstance(b, float) else b)
+                                                               for a, b in v.items()}) for k, v in row.items()}),
+              flush=True)
+    return rows
+
+
 def summarize(rows: list[dict], configs: list[str]) -> dict:
     meas = [r for r in rows if not r["warmup"]]
     out = {}
@@ -227,15 +365,31 @@ def summarize(rows: list[dict], configs: list[str]) -> dict:
             "fallbacks": sum(x["fallbacks"] for x in w),
             "kl_mean": sum(x["kl"] for x in w) / len(w), "kl_max": max(x["kl"] for x in w),
             "greedy_equal_reference": sum(x["greedy_top"] == r["reference_top"] for x, r in zip(w, meas))})
+        if "correct" in w[0]:  # the stream workload: answers scored, tokens against a prefix cache's
+            out[c].update({"accuracy": sum(x["correct"] for x in w) / len(w),
+                           "reference_accuracy": sum(r["reference_correct"] for r in meas) / len(meas),
+                           "answers_equal_reference": sum(rt_number(x["answer"]) == rt_number(r["reference_answer"])
+                                                          for x, r in zip(w, meas)),
+                           "tokens_vs_prefix_cache": sum(x["prefill_tokens"] for x in w) / sum(r["pc_tokens"]
+                                                                                                for r in meas)})
     return out
+
+
+def rt_number(text: str):
+    from windowkit.benchmarks.real_tasks import first_number
+
+    return first_number(text)
 
 
 def markdown(res: dict) -> str:
     a, s = res["args"], res["summary"]
     configs = [c for c in CONFIGS if c in s]
     n = len([r for r in res["rows"] if not r["warmup"]])
+    what = (f"k = {a['k']} x {a['chunk_tokens']} tokens" if a.get("workload", "synthetic") == "synthetic" else
+            f"the text agent's log (tasks version 2, {a['filler']} filler sentences: k = {a['k']} entries of "
+            f"~{res.get('entry_tokens_mean', 0):.0f} tokens, look-backs every third step, focus {a['focus']})")
     lines = [f"Time to first token per sliding-window step, SGLang {res['sglang']} Engine on {a['device']}, "
-             f"SmolLM2-135M-Instruct fp32, k = {a['k']} x {a['chunk_tokens']} tokens (+ system prompt, question; "
+             f"SmolLM2-135M-Instruct fp32, {what} (+ system prompt, question; "
              f"{res['rows'][-1]['prompt_tokens']} prompt tokens), page {a['page_size']}, Window fidelity "
              f"{a['fidelity']}, {n} measured steps after {a['warmup']} warm-up, interleaved ({res['date']}; load "
              f"average {res['load_before']} before, {res['load_after']} after, on {res['machine']['cores']} cores "
@@ -256,7 +410,10 @@ def markdown(res: dict) -> str:
             f"{w['sglang_prefill_tokens_median']:.0f}); after the first token {w['after_first_token_s_median']:.3f} s "
             f"(whole step {w['step_s_median']:.3f} s = {w['step_vs_radix_medians']:.2f}x radix's TTFT); next-token "
             f"KL(no-cache || {c}) mean {w['kl_mean']:.2e}, max {w['kl_max']:.2e}; greedy token = no-cache's "
-            f"{w['greedy_equal_reference']}/{n}; linker fallbacks {w['fallbacks']}.")
+            f"{w['greedy_equal_reference']}/{n}; linker fallbacks {w['fallbacks']}."
+            + (f" Answers: accuracy {w['accuracy']:.2f} (no-cache {w['reference_accuracy']:.2f}), the same number as "
+               f"no-cache's on {w['answers_equal_reference']}/{n} steps; prefill tokens (the Window's + SGLang's) "
+               f"{w['tokens_vs_prefix_cache']:.2f}x a prefix cache's." if "accuracy" in w else ""))
     best = min((s[c]["vs_radix_medians"], c) for c in WK if c in configs)
     lines += ["", f"Target (issue 15): windowkit <= 0.5x SGLang radix at k = 8 x 256. Here: best {best[1]} "
               f"{best[0]:.2f}x ({'met' if best[0] <= 0.5 else 'NOT met'})."]
@@ -309,6 +466,11 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the Engine runs (cuda: scripts/gpu_check.sh); windowkit's KV work stays on the CPU")
     ap.add_argument("--fidelity", default="balanced", help="the Window's fidelity (balanced | fast | exact | a KL)")
+    ap.add_argument("--workload", choices=("synthetic", "stream"), default="synthetic",
+                    help="synthetic: bench_agent_step's chunks; stream: the text agent's log, answers scored")
+    ap.add_argument("--filler", type=int, default=20, help="stream: filler sentences per log entry (20: ~250 tokens)")
+    ap.add_argument("--focus", action=argparse.BooleanOptionalAction, default=None,
+                    help="win.focus(question) before the plan (default: on for --workload stream, off for synthetic)")
     ap.add_argument("--spool", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                     help="where plan payloads go (tmpfs by default)")
     ap.add_argument("--json", default=str(ROOT / "bench/results/sglang_ttft.json"))
@@ -318,6 +480,10 @@ def main(argv=None) -> int:
     if min(args.k, args.chunk_tokens, args.steps, args.page_size, args.threads) < 1 or args.warmup < 0:
         ap.error("--k, --chunk-tokens, --steps, --page-size and --threads must be >= 1, --warmup >= 0")
     args.configs = [c for c in args.configs.split(",") if c]
+    if args.focus is None:
+        args.focus = args.workload == "stream"
+    if args.focus and args.workload == "synthetic":
+        ap.error("--focus is for --workload stream (the synthetic workload's results are without it)")
     if not args.configs or any(c not in WK for c in args.configs):
         ap.error(f"--configs must name some of {', '.join(WK)}")
     import sglang
@@ -332,6 +498,8 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": load_before,
            "load_after": round(os.getloadavg()[0], 2), "wall_s": round(time.perf_counter() - t0, 1),
            "engine_start_s": round(out["engine_start_s"], 1), "rows": out["rows"]}
+    if args.workload == "stream":
+        res["entry_tokens_mean"] = out.get("entry_tokens_mean")
     res["summary"] = summarize(out["rows"], ["sglang-radix", "no-cache"] + args.configs)
     for p in (args.json, args.md, args.plot):
         os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
