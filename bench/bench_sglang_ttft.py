@@ -112,6 +112,23 @@ class StreamWorkload:
         return [self.entries[j] for j in st.chunks], self.codec.query(st.question, st.lead), st.answer, st.kind
 
 
+def baselines(eng, ids: list, one: dict, full: dict, vocab: int, row: dict) -> torch.Tensor:
+    """SGLang radix (its tree holds the previous step's prompt, and windowkit's salted pages) and no cache, timed,
+    into ``row``; returns the reference: no-cache's first-token log-probabilities (untimed, a radix hit)."""
+    t = time.perf_counter()
+    o = eng.generate(input_ids=ids, sampling_params=one)
+    row["sglang-radix"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
+                           "token": o["output_ids"][0]}
+    eng.flush_cache()
+    t = time.perf_counter()
+    o = eng.generate(input_ids=ids, sampling_params=one)
+    row["no-cache"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
+                       "token": o["output_ids"][0]}
+    ref = logprobs(eng.generate(input_ids=ids, sampling_params=one, **full), vocab)
+    row["reference_top"] = int(ref.argmax())
+    return ref
+
+
 def pc_step_tokens(prev: list, want: list) -> int:
     """Window tokens a prefix cache holding ``prev`` prefills to reach ``want`` (from the first changed entry)."""
     k = 0
@@ -190,19 +207,7 @@ def run(args) -> dict:
             window = window[1:] + [chunk]
             ids = torch.cat([system, *window, q]).tolist()
             row = {"step": s - args.warmup, "warmup": s < args.warmup, "prompt_tokens": len(ids)}
-            # SGLang radix: the tree holds the previous step's prompt (and windowkit's salted pages)
-            t = time.perf_counter()
-            o = eng.generate(input_ids=ids, sampling_params=one)
-            row["sglang-radix"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
-                                   "token": o["output_ids"][0]}
-            # no cache
-            eng.flush_cache()
-            t = time.perf_counter()
-            o = eng.generate(input_ids=ids, sampling_params=one)
-            row["no-cache"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
-                               "token": o["output_ids"][0]}
-            ref = logprobs(eng.generate(input_ids=ids, sampling_params=one, **full), vocab)  # untimed, a radix hit
-            row["reference_top"] = int(ref.argmax())
+            ref = baselines(eng, ids, one, full, vocab, row)
             for c, win in wins.items():
                 before = linker()
                 t = time.perf_counter()
@@ -274,17 +279,7 @@ def run_stream(args, stream: StreamWorkload, sg, eng, hf, vocab: int, spool: str
         ids = torch.cat([stream.system, *[c.input_ids for c in want], q]).tolist()
         row = {"step": s - args.warmup, "warmup": s < args.warmup, "prompt_tokens": len(ids), "kind": kind,
                "truth": truth, "pc_tokens": pc_step_tokens(prev, want) + len(q)}
-        t = time.perf_counter()
-        o = eng.generate(input_ids=ids, sampling_params=one)
-        row["sglang-radix"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
-                               "token": o["output_ids"][0]}
-        eng.flush_cache()
-        t = time.perf_counter()
-        o = eng.generate(input_ids=ids, sampling_params=one)
-        row["no-cache"] = {"s": time.perf_counter() - t, "cached": o["meta_info"]["cached_tokens"],
-                           "token": o["output_ids"][0]}
-        ref = logprobs(eng.generate(input_ids=ids, sampling_params=one, **full), vocab)  # untimed, a radix hit
-        row["reference_top"] = int(ref.argmax())
+        ref = baselines(eng, ids, one, full, vocab, row)
         ref_text = decode(eng.generate(input_ids=ids, sampling_params=answer)["output_ids"])
         row["reference_answer"], row["reference_correct"] = ref_text, rt.first_number(ref_text) == truth
         for c, win in wins.items():
