@@ -98,12 +98,12 @@ class StreamWorkload:
     """The text agent's log as the bench's steps: ids of the chat prefix, of each entry, and per step the entries
     held (window order), the question's ids (user turn end + assistant header + answer lead) and the truth."""
 
-    def __init__(self, tok, k: int, steps: int, n_filler: int, seed: int):
+    def __init__(self, tok, k: int, steps: int, n_filler: int, seed: int, lookback_every: int = 3):
         from agents.text_reader import make_log
         from windowkit.benchmarks.real import TextCodec
 
         self.codec = TextCodec(tok)
-        self.log = make_log(seed=seed, steps=steps, k=k, n_filler=n_filler)
+        self.log = make_log(seed=seed, steps=steps, k=k, n_filler=n_filler, lookback_every=lookback_every)
         self.system = self.codec.prefix().input_ids
         self.entries = [self.codec.chunk(t, f"entry-{i}") for i, t in enumerate(self.log.texts)]
 
@@ -147,7 +147,7 @@ def run(args) -> dict:
     model = load_model("smollm2")
     hf = wk.HFBackend(model)
     vocab = int(model.config.vocab_size)
-    stream = StreamWorkload(tok, args.k, args.warmup + args.steps + 1, args.filler, args.seed) \
+    stream = StreamWorkload(tok, args.k, args.warmup + args.steps + 1, args.filler, args.seed, args.lookback_every) \
         if args.workload == "stream" else None
     if stream is None:
         system = system_ids(tok)
@@ -382,7 +382,9 @@ def markdown(res: dict) -> str:
     n = len([r for r in res["rows"] if not r["warmup"]])
     what = (f"k = {a['k']} x {a['chunk_tokens']} tokens" if a.get("workload", "synthetic") == "synthetic" else
             f"the text agent's log (tasks version 2, {a['filler']} filler sentences: k = {a['k']} entries of "
-            f"~{res.get('entry_tokens_mean', 0):.0f} tokens, look-backs every third step, focus {a['focus']})")
+            f"~{res.get('entry_tokens_mean', 0):.0f} tokens, "
+            + (f"a look-back every {a['lookback_every']} steps" if a['lookback_every'] <= a['steps'] + a['warmup']
+               else "slides only") + f", focus {a['focus']})")
     lines = [f"Time to first token per sliding-window step, SGLang {res['sglang']} Engine on {a['device']}, "
              f"SmolLM2-135M-Instruct fp32, {what} (+ system prompt, question; "
              f"{res['rows'][-1]['prompt_tokens']} prompt tokens), page {a['page_size']}, Window fidelity "
@@ -464,6 +466,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", choices=("synthetic", "stream"), default="synthetic",
                     help="synthetic: bench_agent_step's chunks; stream: the text agent's log, answers scored")
     ap.add_argument("--filler", type=int, default=20, help="stream: filler sentences per log entry (20: ~250 tokens)")
+    ap.add_argument("--lookback-every", type=int, default=3,
+                    help="stream: a look-back every this many steps (more than --steps: slides only)")
     ap.add_argument("--focus", action=argparse.BooleanOptionalAction, default=None,
                     help="win.focus(question) before the plan (default: on for --workload stream, off for synthetic)")
     ap.add_argument("--spool", default="/dev/shm" if os.path.isdir("/dev/shm") else None,

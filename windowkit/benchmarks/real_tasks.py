@@ -13,13 +13,18 @@ in batches, gym lockers, boarding gates, train platforms, cookbook pages, phone 
 years, restaurant tables, parcel weights; employees in city offices (two-document: person -> city, city office ->
 room).
 
-Two versions of the tasks (``version=``): 1 (until 2026-12-06) drew every fact from three kinds (room, warehouse,
+Three versions of the tasks (``version=``): 1 (until 2026-12-06) drew every fact from three kinds (room, warehouse,
 batch), so a window held several facts of the asked kind and SmolLM2-135M's exact re-prefill answered only 53-63 %
 right (it mixed up same-kind facts: 23 of 39 misses on the stream). 2 (the default) gives the facts of one item,
 and of any 12 consecutive stream entries, distinct kinds: the question's kind names one fact in the window, and
-exact re-prefill answers 99.5-100 % of stream steps right (N = 200 at k+1 = 9 and 6 entries), 97 % of retrievals
-and 78 % of the two-document items in probes (the issue asks for tasks the model's exact answer gets right, so
-that a strategy's misses are its own, not the model's near ties). docs/real-weights.md has the measurements.
+exact re-prefill answers 99.5-100 % of stream steps right (N = 200 at k+1 = 9 and 6 entries), 99 % of retrievals
+and 69 % of the two-document items (N = 200; the issue asks for tasks the model's exact answer gets right, so that
+a strategy's misses are its own, not the model's near ties). 3 is version 2 with another two-document wording: the
+room facts say "The C branch: room R." and the answer lead is "The branch where X is employed, the", so the city
+stands right before the room in the facts and in the answer: 82 % in a probe of 100 items (version 2's wording:
+70 % on the same items). Every miss of version 2 names the right city and then the room the model read last
+(the distractor's, when its document comes later); no wording of ~60 probed reached 90 % with the distractor at a
+random place. Retrieval and stream are the same in versions 2 and 3. docs/real-weights.md has the measurements.
 """
 from __future__ import annotations
 
@@ -72,7 +77,7 @@ TEMPLATES = {
                "Parcel {k} weighed"),
 }
 KINDS = ("hotel", "warehouse", "batch") + tuple(k for k in TEMPLATES if k != "hotel")
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 
 FILLER = [
     "The morning was cold and the streets were quiet.",
@@ -227,14 +232,17 @@ def two_doc_item(rng: random.Random, k: int, n_filler: int = 4, extra: int = 1, 
         pool = [make_fact(rng, used, ("warehouse", "batch")).sentence for _ in range(k + extra)]
         q = f"{name} works in an office. What is the room number of that office?"
         lead = f"{name} works in the office in"
-    else:  # "branch" words: exact re-prefill answers 78 % (the office words: 58 %), see the module docstring
+    else:  # "branch" words: exact re-prefill answers 70 % (the office words: 58 %), see the module docstring
         f_work = f"{name} is employed at the {cities[0]} branch."
         f_room = f"The {cities[0]} branch is located in room {room}."
         distract = [f"The {cities[1]} branch is located in room {other_room}."]
+        if version == 3:  # the city right before the room in both the facts and the answer lead: 82 % (v2's 70 %)
+            f_room = f"The {cities[0]} branch: room {room}."
+            distract = [f"The {cities[1]} branch: room {other_room}."]
         kinds = tuple(x for x in KINDS if x != "hotel")  # no other room numbers than the two branches'
         pool = [f.sentence for f in distinct_facts(rng, used, max(0, k + extra - 3), kinds)]
         q = f"{name} is employed at a branch. What is the room number of that branch?"
-        lead = f"{name} is employed at the"
+        lead = f"{name} is employed at the" if version == 2 else f"The branch where {name} is employed, the"
     sents = [f_work, f_room] + distract + pool
     order = list(range(k))
     rng.shuffle(order)
