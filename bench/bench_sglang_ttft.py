@@ -435,7 +435,9 @@ def plot(res: dict, path: str) -> None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     a = res["args"]
-    ax.set_title(f"SGLang Engine on {a['device']}, SmolLM2-135M, k={a['k']} x {a['chunk_tokens']} tokens, "
+    size = (f"{a['chunk_tokens']} tokens" if a.get("workload", "synthetic") == "synthetic" else
+            f"~{res.get('entry_tokens_mean', 0):.0f}-token log entries, real answers")
+    ax.set_title(f"SGLang Engine on {a['device']}, SmolLM2-135M, k={a['k']} x {size}, "
                  f"load avg {res['load_before']}", fontsize=10)
     med = [s[c]["median"] for c in configs]
     bx.bar(range(len(configs)), med, color=[colors[c] for c in configs])
