@@ -159,7 +159,7 @@ def test_bench_real_shards_merge_into_the_whole_run() -> None:
     with pytest.raises(SystemExit):
         main(["bench", "real", "--focus-budget", "most"])
     with pytest.raises(SystemExit):
-        main(["bench", "real", "--tasks-version", "3"])
+        main(["bench", "real", "--tasks-version", "4"])
     assert main(["bench", "real", "--items", "5:2"]) == 1  # a windowkit error, before any model loads
     assert main(["bench", "real", "--merge", "/nonexistent.json"]) == 1
 
