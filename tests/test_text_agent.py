@@ -211,12 +211,22 @@ def test_tasks_version_2_gives_every_fact_of_a_window_its_own_kind() -> None:
         real_tasks.fact_of("nope", rng, set())
 
 
+def _exact_answer_right(model, tok, item, max_new: int) -> bool:
+    """transformers' own greedy generate over prefix + the item's documents + question and lead: right or not."""
+    codec = real.TextCodec(tok)
+    ids = codec.ids(codec.head) + sum((codec.ids(d + "\n\n") for d in item.docs), []) + \
+        codec.query(item.question, item.lead).tolist()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False,
+                             pad_token_id=tok.eos_token_id)
+    return real_tasks.first_number(tok.decode(out[0, len(ids):], skip_special_tokens=True)) == item.answer
+
+
 def test_version_3_two_doc_items_are_version_2_items_in_other_words(model, tok) -> None:
     """Tasks version 3 changes only the two-document wording ("The C branch: room R.", the lead "The branch where X
     is employed, the"): the same seeded draws (people, cities, rooms, documents, order) as version 2, and exact
     re-prefill (transformers' own greedy generate) answers them right (measured: 82/100 against version 2's 70/100;
     here 10/12 and 9/12 on items 0-11)."""
-    codec = real.TextCodec(tok)
     right = 0
     for i in range(12):
         v2 = real_tasks.two_doc_item(random.Random(f"0-two-doc-{i}"), 4, version=2)
@@ -224,12 +234,7 @@ def test_version_3_two_doc_items_are_version_2_items_in_other_words(model, tok) 
         assert (v3.answer, v3.question, v3.fact_docs) == (v2.answer, v2.question, v2.fact_docs)
         assert [d.replace(" is located in room ", ": room ") for d in v2.docs] == v3.docs
         assert v3.lead.startswith("The branch where ") and v3.lead.endswith(" is employed, the")
-        ids = codec.ids(codec.head) + sum((codec.ids(d + "\n\n") for d in v3.docs), []) + \
-            codec.query(v3.question, v3.lead).tolist()
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False,
-                                 pad_token_id=tok.eos_token_id)
-        right += real_tasks.first_number(tok.decode(out[0, len(ids):], skip_special_tokens=True)) == v3.answer
+        right += _exact_answer_right(model, tok, v3, 20)
     assert right >= 9, right
 
 
@@ -237,14 +242,6 @@ def test_exact_re_prefill_answers_the_version_2_tasks(model, tok) -> None:
     """The issue asks for tasks the model's exact answer gets right: transformers' own greedy generate over
     prefix + documents + question, on seeded version-2 items (measured: 58/60 retrievals at k = 4, 95/96 stream
     steps at k+1 = 6, 88/96 at 9; version 1: 53 % / 59 %)."""
-    codec = real.TextCodec(tok)
-    right = 0
-    for i in range(6):
-        item = real_tasks.retrieval_item(random.Random(f"0-retrieval-{i}"), 4)
-        ids = codec.ids(codec.head) + sum((codec.ids(d + "\n\n") for d in item.docs), []) + \
-            codec.query(item.question, item.lead).tolist()
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
-                                 pad_token_id=tok.eos_token_id)
-        right += real_tasks.first_number(tok.decode(out[0, len(ids):], skip_special_tokens=True)) == item.answer
+    right = sum(_exact_answer_right(model, tok, real_tasks.retrieval_item(random.Random(f"0-retrieval-{i}"), 4), 6)
+                for i in range(6))
     assert right >= 5, right
