@@ -464,7 +464,7 @@ def test_kept_conditioned_copies_are_written_between_steps(llama):
     """The exact conditioned KV a step keeps for later look-backs waits in the Window, not written on the step's
     path; look-ups see it while it waits. ``flush()`` (an agent's idle time) writes it, after which another window
     on the same store places that chunk behind that context with no forward, equal to the model's own forward;
-    at most 64 copies ever wait."""
+    at most one step's copies ever wait."""
     from windowkit.store import conditioned_key, context_hash
 
     b, c = text(llama, 7, 1701, "b"), text(llama, 6, 1702, "c")

@@ -56,7 +56,6 @@ Where = Union[str, int]
 _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
 
 
-_UNKEPT_MAX = 64  # conditioned copies waiting for their store write (a backstop: every edit and flush write them)
 _ID, _SPAN = attrgetter("id"), attrgetter("span")  # C-level per-entry reads (map) on the per-op paths
 
 
@@ -330,8 +329,7 @@ class Window:
 
             cid = win.admit(Chunk.text(ids))
         """
-        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
-            self._write_back()
+        self._write_back()  # a new step's edit: the last step's kept copies go to the store first
         if not isinstance(chunk, Chunk):
             raise ChunkError(f"admit expects a windowkit.Chunk, got {type(chunk).__name__}")
         if chunk.id in self:
@@ -348,8 +346,7 @@ class Window:
 
         The canonical stays in the store, so ``recall`` can bring the chunk back later.
         """
-        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
-            self._write_back()
+        self._write_back()  # a new step's edit: the last step's kept copies go to the store first
         if not self._entries:
             raise ChunkNotFoundError("evict from an empty window")
         if self._deferred_tail:
@@ -383,8 +380,7 @@ class Window:
     def recall(self, chunk_id: str, at: Optional[int] = None) -> str:
         """Bring an evicted chunk back at index ``at`` (default tail): canonical + R(δ) + a fresh patch
         on its now-fixed earlier context (never the patch frozen at eviction)."""
-        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
-            self._write_back()
+        self._write_back()  # a new step's edit: the last step's kept copies go to the store first
         if chunk_id in self:
             raise WindowkitError(f"chunk {chunk_id!r} is already in the window")
         chunk = self._evicted.pop(chunk_id, None) or self._known.get(chunk_id)
@@ -419,8 +415,7 @@ class Window:
 
             win.reorder(["b", "a", "c"])
         """
-        if self._unkept:  # a new step's edit: the last step's kept copies go to the store first
-            self._write_back()
+        self._write_back()  # a new step's edit: the last step's kept copies go to the store first
         ids = list(ids)
         if sorted(ids) != sorted(self.ids) or len(set(ids)) != len(ids):
             raise WindowkitError(f"reorder needs a permutation of the window's ids {self.ids}, got {ids}")
@@ -472,8 +467,7 @@ class Window:
                                  "give new content a new id")
         if want_ids == self.ids:
             return []
-        if self._unkept:  # the last step's conditioned copies (free when the agent flushed between steps)
-            self._write_back()
+        self._write_back()  # the last step's conditioned copies (free when the agent flushed between steps)
         self._settle()
         if self._capped():
             choice = choose_step(self._view(wanted), want_ids, self.repair)
@@ -1250,14 +1244,14 @@ class Window:
         rotation, and a reader rotates once, by the difference (none when the chunk returns to its place)."""
         if not self._keeps_conditioned:
             return
-        # written back between steps (``flush``) or once enough wait: the step that makes a copy never reads it
+        # written back between steps (``flush``) or by the next edit: the step that makes a copy never reads it
         self._unkept[conditioned_key(e.key, ctx)] = (kv, {"chunk_id": e.id, "context": ctx, "start": str(int(start))})
         self._note_context(ctx, ante)
-        if len(self._unkept) > _UNKEPT_MAX:
-            self._write_back()
 
     def _write_back(self) -> int:
         """Write the waiting conditioned copies to the store; returns how many."""
+        if not self._unkept:
+            return 0
         kept, self._unkept = self._unkept, {}
         for key, (kv, meta) in kept.items():
             self.store.put_canonical(key, kv, meta)
