@@ -318,6 +318,7 @@ class StepLog:
     blind_correct: Optional[bool] = None  # the same on a blind-reuse window (``blind=True``)
     blind_kl: Optional[float] = None  # KL(exact || blind)
     idle_ms: float = 0.0  # measured: ``win.flush()`` after the answer (the step's store writes, between steps)
+    idle_tokens: int = 0  # prefilled between steps (``anticipate``: the next slide's survivors), not in ``delta``
 
 
 @dataclass
@@ -345,6 +346,7 @@ class AgentReport:
                     windowkit_prefill_tokens=wk_tok, prefix_cache_tokens=pc_tok, exact_prefill_tokens=exact_tok,
                     windowkit_ms=sum(r.ms for r in self.steps),
                     windowkit_idle_ms=sum(r.idle_ms for r in self.steps),
+                    windowkit_idle_tokens=sum(r.idle_tokens for r in self.steps),
                     exact_ms=sum(r.exact_ms for r in self.steps if r.exact_ms is not None),
                     prefix_cache_ms=sum(r.pc_ms for r in self.steps if r.pc_ms is not None),
                     prefix_cache_ms_modeled=pc_tok * self.ms_per_token,
@@ -430,12 +432,17 @@ class LongVideoAgent:
     blind:     also run a mode="blind" window over the same steps (KL and, with ``ask``, accuracy of blind reuse)
     refresh:   a patch-refresh policy for survivors whose antecedents changed (``policies.refresh``: "always",
                "threshold:0.3", "budget:1", ...), applied after each ``assign``; None keeps them as they are
+    anticipate: between steps (after the answer, off the timed step), prepare the next slide's survivors:
+               ``win.prefetch(next=frames[1:])``, their exact conditioned KV with the head gone. The next step
+               then prefills only its new frame and the question; a look-back step finds nothing prepared and
+               pays what it would have. Counted apart: ``idle_ms``, ``idle_tokens``
     """
 
     def __init__(self, model: Any, *, window: int = 6, rank: Optional[int] = 32, mode: str = "patch",
                  frame_size: tuple[int, int] = (112, 84), reference: bool = True, model_path: Optional[str] = None,
                  max_new_tokens: int = 4, record: Union[str, Path, None] = None,
-                 prefix: Union[Chunk, Sequence[int], None] = None, blind: bool = False, refresh: Any = None):
+                 prefix: Union[Chunk, Sequence[int], None] = None, blind: bool = False, refresh: Any = None,
+                 anticipate: bool = False):
         if int(window) < 1:
             raise WindowkitError(f"window must be >= 1 frame, got {window}")
         self.window = int(window)
@@ -454,6 +461,7 @@ class LongVideoAgent:
         self.refresh = make_refresh(refresh)  # PolicyError (a WindowkitError) on a bad spec
         self.record = record
         self.recorder = None  # the open TraceRecorder while ``run`` records
+        self.anticipate = bool(anticipate)
 
     # ------------------------------------------------------------------ input
     def load_video(self, path: str, fps: Optional[float] = 2.0, max_frames: Optional[int] = None) -> list[Chunk]:
@@ -548,17 +556,21 @@ class LongVideoAgent:
             self.recorder.record(self.win, query_tokens=int(prompt.numel()))
         phase("answer")
         answer = self.win.generate(prompt, max_new_tokens=self.max_new_tokens)
+        after = self.win.stats.as_dict()  # the step's own spending (the idle work below is counted apart)
         t_idle = time.perf_counter()
         self.win.flush()  # between steps: the conditioned copies this step keeps go to the store now
+        idle_tokens = 0
+        if self.anticipate and len(frame_chunks) > 1:  # the next slide drops the head: its survivors, now
+            idle_tokens = self.win.prefetch(next=[c.id for c in frame_chunks[1:]])["prefilled"]
         idle_ms = (time.perf_counter() - t_idle) * 1e3
-        after = self.win.stats.as_dict()
         delta = {k: after[k] - before[k] for k in STAT_FIELDS}
         delta["vision_calls"] = self.backend.stats.vision_calls - vc0
         ops: dict = {}
         for op, _ in edits:
             ops[op] = ops.get(op, 0) + 1
         row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
-                      prefix_cache_tokens=common_prefix_tokens(list(prev), wanted), idle_ms=idle_ms)
+                      prefix_cache_tokens=common_prefix_tokens(list(prev), wanted), idle_ms=idle_ms,
+                      idle_tokens=idle_tokens)
         if ask is not None:
             row.question_kind, row.correct = ask.kind, ask.correct(logits)
         if self.ref is not None:

@@ -44,8 +44,11 @@ N_FRAMES, WINDOW = 60, 3
 
 def run_rule(model, seed: int, rule: str) -> dict:
     frames, ask, prefix = binding_video(N_FRAMES, seed)
-    agent = LongVideoAgent(model, window=WINDOW, prefix=prefix, blind=False, max_new_tokens=1)
-    if rule != "default":
+    for f in frames:  # hashed when made (as a chunk without an id is): not in whichever timed step sees it first
+        f.content_hash()
+    agent = LongVideoAgent(model, window=WINDOW, prefix=prefix, blind=False, max_new_tokens=1,
+                           anticipate=rule == "ahead")
+    if rule not in ("default", "ahead"):
         agent.win = Window(agent.backend, prefix=agent.prefix, repair=rule)
     plan = make_plan(len(frames), WINDOW, N_FRAMES, lookback_steps("auto", N_FRAMES, far=BINDING_LOOKBACK[0]),
                      lookback=BINDING_LOOKBACK)

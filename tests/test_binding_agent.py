@@ -25,11 +25,12 @@ def model():
     return load_model("binding")
 
 
-def _run(model, refresh=None, repair="none"):
+def _run(model, refresh=None, repair="none", anticipate=False):
     from windowkit.window import RepairRule
 
     frames, ask, prefix = binding_video(N, seed=SEED)
-    agent = LongVideoAgent(model, window=3, prefix=prefix, blind=True, max_new_tokens=1, refresh=refresh)
+    agent = LongVideoAgent(model, window=3, prefix=prefix, blind=True, max_new_tokens=1, refresh=refresh,
+                           anticipate=anticipate)
     if repair is not None:  # None: the Window's default fidelity ("balanced")
         agent.win.repair = RepairRule.parse(repair)
     plan = make_plan(N, 3, N, [13], lookback=BINDING_LOOKBACK)  # step 13 holds frames 2, 3, 13
@@ -113,6 +114,22 @@ def test_default_repair_on_m_rope_is_selective_and_exact_here(repaired):
     assert [r.correct for r in report.steps] == [r.exact_correct for r in report.steps]
     slides = [r for r in report.steps if r.kind == "slide" and r.ops.get("evict")]
     assert slides and all(r.delta["forwards"] == 1 for r in slides), [r.delta["forwards"] for r in slides]
+
+
+def test_anticipated_slides_prefill_only_the_new_frame(model):
+    """``anticipate=True``: between steps the agent prepares the next slide (``win.prefetch(next=frames[1:])``:
+    the survivors' exact conditioned KV with the head gone, one idle forward of their 14 tokens). Each slide
+    then prefills only its new frame (7 tokens, one forward with the question), on M-RoPE, and every answer is
+    exact re-prefill's; the look-back step finds nothing prepared and runs as without."""
+    agent, plan, report = _run(model, repair=None, anticipate=True)
+    assert max(r.kl for r in report.steps) < 1e-6
+    assert [r.correct for r in report.steps] == [r.exact_correct for r in report.steps]
+    slides = [r for s, r in zip(plan, report.steps) if s.kind == "slide" and s.index >= 3 and s.index != 14]
+    assert slides and all(r.delta["prefill_tokens"] == 7 and r.delta["forwards"] == 1 for r in slides), \
+        [(r.index, r.delta["prefill_tokens"]) for r in slides]
+    idle = [r.idle_tokens for r in report.steps]  # 14 per full window; fewer where a survivor was held already
+    assert all(t <= 14 for t in idle) and idle.count(14) >= len(slides), idle
+    assert agent.win.stats.fallbacks == 0
 
 
 def test_head_only_repair_on_m_rope_recomputes_one_frame(model):

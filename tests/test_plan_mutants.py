@@ -177,13 +177,18 @@ def test_a_reorder_leaves_nothing_for_the_repair():
 
 
 def test_evicting_the_head_repairs_the_survivors():
-    # [a b c] -> [b c]: both survivors stale; head+sink:5 recomputes b wholly (20) and 5 of c
-    assert edit_tokens(view(), ["b", "c"], HEAD5) == 25
-    assert choose_step(view(), ["b", "c"], HEAD5) == StepChoice("edit", 0, 50, 25)
-    assert edit_tokens(view(), ["b", "c"], RepairRule.parse("sink:1")) == 2
-    assert edit_tokens(view(), ["b", "c"], RepairRule("none")) == 0
+    # [a b c] -> [b c], no canonical stored: both survivors stale; head+sink:5 recomputes b wholly (20) and 5 of c
+    v = view(canonical=False)
+    assert edit_tokens(v, ["b", "c"], HEAD5) == 25
+    assert choose_step(v, ["b", "c"], HEAD5) == StepChoice("edit", 0, 50, 25)
+    assert edit_tokens(v, ["b", "c"], RepairRule.parse("sink:1")) == 2
+    assert edit_tokens(v, ["b", "c"], RepairRule("none")) == 0
     # "all" recomputes 20 + 30 = the prefix cache's 50: a tie goes to the prefix cache (exact)
-    assert choose_step(view(), ["b", "c"], RepairRule.parse("all")) == StepChoice("prefill", 0, 50, 50)
+    assert choose_step(v, ["b", "c"], RepairRule.parse("all")) == StepChoice("prefill", 0, 50, 50)
+    # b's canonical stored: at the head with no prefix it IS b's exact KV, placed free by the eviction (as the
+    # Window's ``_refresh_known`` does); c is then the first stale survivor, which the head rule recomputes wholly
+    assert edit_tokens(view(), ["b", "c"], HEAD5) == 30
+    assert choose_step(view(), ["b", "c"], RepairRule.parse("all")) == StepChoice("edit", 0, 50, 30)
 
 
 def test_evicting_the_tail_costs_nothing():
@@ -273,7 +278,9 @@ def test_reorder_without_canonicals_pays_their_encodes():
 
 def test_two_evictions_repair_from_the_first():
     # [a b c d] -> [b d]: a and c evicted; b and d stale from index 0: head b (20) + 5 of d
-    assert edit_tokens(view(("a", "b", "c", "d")), ["b", "d"], HEAD5) == 25
+    assert edit_tokens(view(("a", "b", "c", "d"), canonical=False), ["b", "d"], HEAD5) == 25
+    # with b's canonical (its exact KV at the head, free) d heads the repair: wholly, 40
+    assert edit_tokens(view(("a", "b", "c", "d")), ["b", "d"], HEAD5) == 40
 
 
 def test_two_inserts_repair_from_the_first():

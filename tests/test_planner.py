@@ -32,7 +32,7 @@ from windowkit.window.plan import common_prefix
 
 torch.set_num_threads(1)
 
-PROFILES = {"default": dict(cost=(320, 60), exact=(40, 40)), "long": dict(cost=(1000, 80), exact=(200, 50)),
+PROFILES = {"default": dict(cost=(320, 60), exact=(48, 40)), "long": dict(cost=(1000, 80), exact=(200, 50)),
             "quick": dict(cost=(8, 20), exact=(4, 15))}
 PROFILE = os.environ.get("WINDOWKIT_TEST_PROFILE", "default")
 if PROFILE not in PROFILES:
@@ -111,6 +111,19 @@ class _WindowMachine(RuleBasedStateMachine):
     @rule()
     def forward(self):
         self.op(self.win.forward, self.query)
+
+    @precondition(lambda self: len(self.chunks) > 0)
+    @rule(data=st.data())
+    def prefetch_next(self, data):
+        """Between steps: prepare a guessed next window (a slide's survivors, or any known chunks in any order).
+        Idle work, not a step: the window is unchanged, and the ops after it keep every promise above."""
+        slide = data.draw(st.booleans())
+        guess = self.win.ids[1:] if slide else data.draw(st.lists(st.sampled_from(list(self.chunks)), unique=True,
+                                                                    max_size=MAX_LIVE))
+        before = self.win.ids
+        self.win.prefetch(next=guess)
+        assert self.win.ids == before
+        OPS[self.label] = OPS.get(self.label, 0) + 1
 
     @invariant()
     def positions_are_contiguous(self):
@@ -230,3 +243,25 @@ def test_fidelity_kl_target_picks_the_cheapest_rule_measured_within_it():
             assert "fidelity" in str(e)
         else:
             raise AssertionError(f"fidelity={bad!r} accepted")
+
+
+def test_a_survivor_whose_exact_conditioning_is_stored_costs_nothing():
+    """choose_step on a slide [a, b, c] -> [b, c, d] behind a prefix, repair "all": with the survivors' exact
+    conditioned KV for their new contexts stored (what ``prefetch(next=...)`` leaves) the edits run only d, and
+    win; with one of them, the other is repaired; with none, the edits tie the prefix cache's plan, which wins."""
+    from windowkit.window.plan import RepairRule, StepChoice, WindowView, choose_step
+
+    held: set = set()
+    view = WindowView(ids=["a", "b", "c"], ante=[(), ("a",), ("a", "b")], tokens=dict.fromkeys("abcd", 8),
+                      has_canonical=lambda cid: False, has_patch=lambda cid, ante: False,
+                      has_orbit=lambda cid, ante: False, prefix_tokens=3,
+                      has_exact=lambda cid, ante: (cid, tuple(ante)) in held)
+    rule = RepairRule.parse("all")
+    assert choose_step(view, ["b", "c", "d"], rule) == StepChoice("prefill", 0, 24, 24)
+    held.add(("b", ()))
+    assert choose_step(view, ["b", "c", "d"], rule) == StepChoice("edit", 0, 24, 16)
+    held.add(("c", ("b",)))
+    assert choose_step(view, ["b", "c", "d"], rule) == StepChoice("edit", 0, 24, 8)
+    held.clear()
+    held.add(("c", ("b",)))  # c's copy (formed behind the exact b) stands; b itself is repaired
+    assert choose_step(view, ["b", "c", "d"], rule).edit_tokens == 16

@@ -460,6 +460,47 @@ def test_look_back_served_from_kept_copies_is_one_forward(llama):
     assert kl_divergence(reference_logits(llama, look, QUERY, prefix=bos), logits) <= 1e-6
 
 
+@pytest.mark.parametrize("fidelity", ["balanced", "exact"])
+def test_prefetch_next_prepares_the_next_slide(llama, fidelity):
+    """``prefetch(next=win.ids[1:])`` between steps forms the survivors' exact conditioned KV with the head gone,
+    in one idle forward. The slide is then ONE model forward (the new chunk's prefill riding with the query),
+    prefilling only the new chunk, and equals transformers' own forward over the whole new window."""
+    cs = [text(llama, 8, 1800 + i, f"p{i}") for i in range(7)]
+    bos = text(llama, 3, 1799, "bos")
+    win = wk.Window(llama, prefix=bos, fidelity=fidelity)
+    win.assign(cs[:3])
+    win.forward(QUERY)
+    for s in range(3, 7):
+        win.flush()
+        assert win.prefetch(next=win.ids[1:]) == {"prefilled": 16}  # both survivors: new contexts
+        assert win.prefetch(next=win.ids[1:]) == {"prefilled": 0}  # already prepared
+        f0, p0 = llama.stats.forwards, win.stats.prefill_tokens
+        want = cs[s - 2:s + 1]
+        win.assign(want)
+        logits = win.forward(QUERY)
+        assert llama.stats.forwards - f0 == 1 and win.stats.prefill_tokens - p0 == len(cs[s])
+        assert win.last_choice.route == "edit"
+        assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), logits) <= 1e-6
+
+
+def test_prefetch_next_wrong_guess_and_bad_input(llama):
+    """A wrong guess costs its idle forward and nothing else (the step is what it would have been, exact); a
+    guess that starts with what the window already holds exactly costs nothing; bad ids are refused."""
+    cs = [text(llama, 6, 1900 + i, f"g{i}") for i in range(5)]
+    win = wk.Window(llama, fidelity="exact")
+    win.assign(cs[:3])
+    win.forward(QUERY)
+    assert win.prefetch(next=["g0", "g1"]) == {"prefilled": 0}  # the window's own exact KV
+    assert win.prefetch(next=["g2", "g0"]) == {"prefilled": 12}  # g2 alone at 0 is its canonical; g0 behind it
+    win.assign([cs[1], cs[3], cs[4]])  # not the guess
+    assert kl_divergence(reference_logits(llama, [cs[1], cs[3], cs[4]], QUERY), win.forward(QUERY)) <= 1e-6
+    with pytest.raises(wk.ChunkNotFoundError):
+        win.prefetch(next=["g1", "never-seen"])
+    with pytest.raises(wk.WindowkitError):
+        win.prefetch(next=["g1", "g1"])
+    assert win.ids == ["g1", "g3", "g4"]
+
+
 def test_kept_conditioned_copies_are_written_between_steps(llama):
     """The exact conditioned KV a step keeps for later look-backs waits in the Window, not written on the step's
     path; look-ups see it while it waits. ``flush()`` (an agent's idle time) writes it, after which another window

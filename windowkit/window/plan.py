@@ -286,6 +286,22 @@ def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Opti
     return sum(counts)
 
 
+def _refresh_free(view: WindowView, ids: list, ante: list, first: Optional[int]) -> None:
+    """The Window's ``_refresh_known`` after evictions: a stale survivor whose exact conditioning for its new
+    context is stored (its canonical at the head with no prefix, a patch for that context, or its conditioned
+    KV, e.g. from ``prefetch(next=...)``) takes it for free and is no longer stale."""
+    if first is None:
+        return
+    for i in _stale(ids, ante, first):
+        cid, new = ids[i], tuple(ids[:i])
+        if i == 0 and not view.prefix_tokens:
+            free = view.has_canonical(cid)
+        else:
+            free = (view.has_patch(cid, new) and view.has_canonical(cid)) or view.has_exact(cid, new)
+        if free:
+            ante[i] = new
+
+
 def _place_tokens(view: WindowView, cid: str, ante: tuple, orbit: bool = False) -> int:
     """Tokens that placing ``cid`` behind ``ante`` runs (lazy forming): zero when the store holds what it needs."""
     n = view.tokens[cid]
@@ -304,8 +320,9 @@ def _place_tokens(view: WindowView, cid: str, ante: tuple, orbit: bool = False) 
 
 def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder: Optional[bool] = None) -> int:
     """Tokens the Window's edits run through the model to turn ``view.ids`` into ``want`` (``assign``'s order of
-    edits: evictions, survivor moves, one repair, inserts, one repair). An upper bound: a free exact
-    conditioning found after an eviction (a stored patch for a survivor's new context) is not subtracted.
+    edits: evictions, survivor moves, one repair, inserts, one repair). A survivor whose exact
+    conditioning for its new context is stored costs nothing (``_refresh_free``, as the Window's evictions find
+    it); otherwise an upper bound (a conditioning found free after an insert is not subtracted).
     ``reorder`` forces (True) or forbids (False) the one-reorder path; None: ``assign``'s rule decides."""
     ids, ante = list(view.ids), [tuple(a) for a in view.ante]
     wset = set(want)
@@ -338,6 +355,7 @@ def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder
         else:
             for cid in movers:
                 drop(ids.index(cid))
+    _refresh_free(view, ids, ante, first)
     cost += _repair_tokens(ids, ante, view.tokens, first, rule)
     first = None
     live = set(ids)

@@ -24,6 +24,7 @@ stale survivors are repaired by a ``repair`` rule (selective recompute, CacheBle
 """
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from collections import ChainMap, deque
@@ -254,6 +255,10 @@ class Window:
         self._deferred_tail = 0  # the last entries are admissions awaiting their conditioned prefill
         # conditioned copies made by recent steps, not yet written to the store (write_back): key -> (kv, meta)
         self._unkept: dict[str, tuple[ChunkKV, dict]] = {}
+        # the copies the last ``prefetch(next=...)`` made (also in the store): the next step reads them from here
+        self._prepared: dict[str, tuple[ChunkKV, dict]] = {}
+        # (parts, their concatenation): the past that prefetch(next=...) assembled, read by the next ``_kv_upto``
+        self._past_memo: Optional[tuple[list[ChunkKV], ChunkKV]] = None
         self.last_logits: Optional[torch.Tensor] = None  # next-token logits of the last forward / generate query
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
         self.graph = DependencyGraph(cost_model=self.cost_model)
@@ -805,7 +810,7 @@ class Window:
         self._write_back()  # the fork reads the same store: the waiting copies go there first
         other = Window.__new__(Window)
         other.__dict__.update(self.__dict__)
-        other._unkept = {}
+        other._unkept, other._prepared, other._past_memo = {}, {}, None
         other.stats = WindowStats()
         other._step_p0 = self._step_p0 - self.stats.prefill_tokens  # its own counters: the step's spending so far
         other._entries = deque()
@@ -853,7 +858,7 @@ class Window:
         self._version += 1
         return done
 
-    def prefetch(self) -> dict:
+    def prefetch(self, next: Optional[Sequence[str]] = None) -> dict:
         """Off the critical path (between steps): form what deferred forming skipped, for the live chunks.
 
         Every live chunk gets its canonical in the store (a chunk exactly conditioned at the head with no
@@ -862,11 +867,20 @@ class Window:
         forward). A later recall or move into a context seen here then costs zero forwards. Returns
         ``{"encodes": .., "patch_forms": ..}`` done by this call.
 
+        ``next``: instead, the leading chunk ids of the window the agent expects at its next step (known
+        chunks, in order; e.g. ``win.ids[1:]`` before a slide). Their exact conditioned KV in that order is
+        formed now, in one forward of those that lack a stored copy, and kept by context (as a tail admission's
+        is). The next step's edits then find it: the survivors of the slide need no repair, and the step
+        prefills only what is new, exactly. A wrong guess costs this idle forward and nothing else. Returns
+        ``{"prefilled": tokens}``.
+
             win.assign(chunks); logits = win.forward(q)   # the step
-            win.prefetch()                                 # idle time: canonicals + patches
+            win.prefetch(next=win.ids[1:])                 # idle time: the next slide's survivors
         """
         self._settle()
         self._write_back()
+        if next is not None:
+            return self._prepare(list(next))
         e0, f0 = self.stats.encodes, self.stats.patch_forms
         if self.mode == "exact":
             return {"encodes": 0, "patch_forms": 0}
@@ -886,6 +900,57 @@ class Window:
                     self._form_fresh(e, e.kv, e.kv_start, ctx, ante)
         self._step_p0 = self.stats.prefill_tokens  # between steps: not the next step's spending
         return {"encodes": self.stats.encodes - e0, "patch_forms": self.stats.patch_forms - f0}
+
+    def _prepare(self, ids: list[str]) -> dict:
+        """``prefetch(next=ids)``: the exact conditioned KV of ``ids`` in this order, kept by context."""
+        if len(set(ids)) != len(ids):
+            raise WindowkitError(f"prefetch: duplicate chunk ids in next={ids}")
+        chunks = [self.chunk(i) for i in ids]  # ChunkNotFoundError for an id this window never saw
+        p0 = self.stats.prefill_tokens
+        if not self._keeps_conditioned or not self._needs_past or not ids:
+            return {"prefilled": 0}
+        live = {e.id: e for e in self._entries}
+        cur = self.ids
+        entries = [live.get(c.id) or _Entry(c, self._keys[c.id], self.backend.span(c)) for c in chunks]
+        start, starts, have = self._prefix_span, [], []
+        for j, e in enumerate(entries):  # the exact KV each already has in this context (None: to compute)
+            starts.append(start)
+            start += e.span
+            ante = tuple(ids[:j])
+            if e.id in live and not e.pending and e.kv is not None and not entry_is_stale(e.ante, cur, cur.index(e.id)) \
+                    and tuple(e.ante) == ante:
+                have.append((e.kv, e.kv_start))
+            elif not ante and self.prefix is None:
+                have.append((self._canonical(e), 0) if self.store.has_canonical(e.key) else None)
+            else:
+                have.append(self._conditioned(e, self._ctx(ante)))
+        f = next((j for j, h in enumerate(have) if h is None), None)
+        if f is None:
+            return {"prefilled": 0}
+        self._write_back()  # this step's own copies first: ``_prepared`` holds only what is made below
+        parts = [self._prefix_kv] if self._prefix_kv is not None else []
+        for j in range(f):  # what is in front of the first missing one, placed where the next window holds it
+            kv, at = have[j]
+            parts.append(place(kv, starts[j] - at, self.backend.rope))
+        res = self._run(chunks[f:], starts[f], concat(parts) if parts else None)
+        off, made = 0, []
+        for j in range(f, len(ids)):
+            e = entries[j]
+            kv = res.kv.slice(off, off + e.n)
+            off += e.n
+            made.append(kv)
+            ante = tuple(ids[:j])
+            if ante or self.prefix is not None:
+                self._keep_conditioned(e, kv, starts[j], self._ctx(ante), ante)
+            elif not self.store.has_canonical(e.key):  # nothing in front: its prefill at 0 is its canonical
+                self.stats.encodes += 1
+                self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(e.n)})
+        self._prepared = dict(self._unkept)  # the next step reads them without a store round trip
+        if f == 0 and self.prefix is not None:  # the whole past of the next step's first new chunk, assembled now
+            self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
+        self._write_back()
+        self._step_p0 = self.stats.prefill_tokens  # between steps: not the next step's spending
+        return {"prefilled": self.stats.prefill_tokens - p0}
 
     def is_disposable(self, chunk_id: str, query_ids: Union[Sequence[int], torch.Tensor]) -> bool:
         """Appendix E's test: drop the chunk's conditioning (use its relocated canonical) and check whether
@@ -1197,7 +1262,7 @@ class Window:
         if not self._keeps_conditioned or not self._maybe_known(ctx):
             return None
         ck = conditioned_key(e.key, ctx)
-        waiting = self._unkept.get(ck)
+        waiting = self._unkept.get(ck) or self._prepared.get(ck)
         if waiting is not None:  # made by a recent step, not written back yet: the same exact KV
             kv, meta = waiting
             return (kv, int(meta["start"])) if kv.num_tokens == e.n else None
@@ -1339,8 +1404,18 @@ class Window:
                     continue  # lazy: no encode just for this; keep-as-is
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
             else:
-                patch = self._get_patch(e.key, ctx)
-                if patch is not None and patch.num_tokens == e.n:
+                ck = conditioned_key(e.key, ctx)
+                near = self._unkept.get(ck) or self._prepared.get(ck)
+                patch = None if near is not None else self._get_patch(e.key, ctx)
+                if near is not None and near[0].num_tokens == e.n:  # exact, in memory: before any patch
+                    d = starts[i] - int(near[1]["start"])
+                    if d:
+                        e.kv = self._placed(near[0], d, None)
+                    else:  # where it was made (``prefetch(next=...)``): the same tensors, nothing to place
+                        e.kv = near[0]
+                        self._credit(e.n, time.perf_counter())
+                    e.kv_start = starts[i]
+                elif patch is not None and patch.num_tokens == e.n:
                     e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
                     self.stats.patch_reuses += 1
                 else:
@@ -1632,7 +1707,12 @@ class Window:
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
         for e, s in zip(list(self._entries)[:idx], self.starts()):
             parts.append(self._kv_at(e, s))
-        return concat(parts) if parts else None
+        if not parts:
+            return None
+        memo = self._past_memo  # the same parts as the last assembly (a prefetched slide): no second concat
+        if memo is not None and len(memo[0]) == len(parts) and all(map(operator.is_, memo[0], parts)):
+            return memo[1]
+        return concat(parts)
 
     def _kv_at(self, e: _Entry, start: int) -> ChunkKV:
         if e.pending:  # a read of a deferred admission runs the deferred work first
