@@ -18,6 +18,11 @@ question closing the user turn and opening the assistant turn. A step evicts the
   wk-position   the same with repair="head:128" (the default's position rule alone, no query focus)
   wk-fast       the same with fidelity="fast" (keep-as-is: survivors only relocate)
   wk-exact      the same with fidelity="exact" (repair "all": every survivor recomputed)
+  wk-ahead      wk-balanced, and between steps (after the timed step, not in it) ``win.prefetch(next=win.ids[1:])``:
+                the next slide's survivors prepared, their exact conditioned KV behind the system prompt (one idle
+                forward of the 7 x 256 survivor tokens). Its step then prefills the new chunk and the question only,
+                exactly. The idle forward is reported apart (``idle_s``, ``idle_tokens``): it moves the prefix
+                cache's work off the step, it does not remove it
   wk:RULE       the same with repair=RULE (any repair rule, e.g. wk:sink:5+query:96)
 
 The Window defers the eviction's survivor repair and the admission's conditioned prefill to the next read, so
@@ -60,9 +65,9 @@ from windowkit.models.texts import PASSAGES, QUESTIONS  # noqa: E402
 
 SYSTEM = ("You are a careful, precise assistant. Answer the questions about the documents the user gives you below, "
           "using only the facts that those documents state.")  # 37 tokens in the chat template
-STRATEGIES = ["exact", "prefix-cache", "wk-balanced", "wk-position", "wk-fast", "wk-exact"]
+STRATEGIES = ["exact", "prefix-cache", "wk-balanced", "wk-position", "wk-fast", "wk-exact", "wk-ahead"]
 WINDOW_ARGS = {"wk-balanced": {"fidelity": "balanced"}, "wk-position": {"repair": "head:128"},
-               "wk-fast": {"fidelity": "fast"}, "wk-exact": {"fidelity": "exact"}}
+               "wk-fast": {"fidelity": "fast"}, "wk-exact": {"fidelity": "exact"}, "wk-ahead": {"fidelity": "balanced"}}
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -151,11 +156,12 @@ class PrefixCache:
 class WindowkitStep:
     """``Window(backend, prefix=system, **window_args)``; a step is evict head + admit + forward(question)."""
 
-    def __init__(self, backend, system: torch.Tensor, window_args: dict, tag: str):
+    def __init__(self, backend, system: torch.Tensor, window_args: dict, tag: str, ahead: bool = False):
         self.backend, self.system, self.window_args, self.tag = backend, system, dict(window_args), tag
         self.win = None
         self.n = 0
         self.last_tokens = 0
+        self.ahead = ahead  # between steps: prepare the next slide (idle, untimed by the step)
 
     def setup(self, chunks):
         self.win = wk.Window(self.backend, prefix=self.system, **self.window_args)
@@ -173,6 +179,11 @@ class WindowkitStep:
         logits = self.win.forward(question)
         self.last_tokens = self.win.stats.prefill_tokens - p0 + int(question.numel())
         return logits
+
+    def idle(self) -> int:
+        """Between steps: the kept copies written, and with ``ahead`` the next slide prepared. Tokens prefilled."""
+        self.win.flush()
+        return self.win.prefetch(next=self.win.ids[1:])["prefilled"] if self.ahead else 0
 
 
 def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
@@ -199,7 +210,7 @@ def run(model, tok, k: int, size: int, warmup: int, steps: int, seed: int, strat
             strat[name] = PrefixCache(model, system)
         else:
             args = WINDOW_ARGS[name] if name in WINDOW_ARGS else {"repair": name[len("wk:"):]}
-            strat[name] = WindowkitStep(backend, system, args, name)
+            strat[name] = WindowkitStep(backend, system, args, name, ahead=name == "wk-ahead")
     t0 = time.perf_counter()
     for name, s in strat.items():  # the initial window (not timed)
         if name == "prefix-cache":
@@ -220,8 +231,15 @@ def run(model, tok, k: int, size: int, warmup: int, steps: int, seed: int, strat
             wall[name], cpu[name] = time.perf_counter() - w0, time.process_time() - c0
             faults[name] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             tokens[name] = strat[name].last_tokens
+        idle_s, idle_tokens = {}, {}
+        for name in order:  # between steps (the agent's idle time): not in the step's time
+            if isinstance(strat[name], WindowkitStep):
+                w0 = time.perf_counter()
+                idle_tokens[name] = strat[name].idle()
+                idle_s[name] = time.perf_counter() - w0
         ref = logits.get("exact")
         row = {"step": step, "warmup": step < warmup, "order": order, "wall_s": wall, "cpu_s": cpu, "tokens": tokens,
+               "idle_s": idle_s, "idle_tokens": idle_tokens,
                "minor_page_faults": faults,
                "load_avg_1min": os.getloadavg()[0],
                "token": {n: int(l.argmax()) for n, l in logits.items()}}
@@ -240,7 +258,9 @@ def run(model, tok, k: int, size: int, warmup: int, steps: int, seed: int, strat
         w = [r["wall_s"][n] for r in meas]
         d = {"wall_s": quantiles(w), "cpu_s": quantiles([r["cpu_s"][n] for r in meas]),
              "tokens_forwarded": statistics.median(r["tokens"][n] for r in meas),
-             "minor_page_faults": statistics.median(r["minor_page_faults"][n] for r in meas)}
+             "minor_page_faults": statistics.median(r["minor_page_faults"][n] for r in meas),
+             "idle_s": statistics.median(r["idle_s"].get(n, 0.0) for r in meas),
+             "idle_tokens": statistics.median(r["idle_tokens"].get(n, 0) for r in meas)}
         if "prefix-cache" in strategies:
             pc = [r["wall_s"]["prefix-cache"] for r in meas]
             d["speedup_vs_prefix_cache"] = statistics.median(pc) / statistics.median(w)
@@ -264,8 +284,8 @@ def markdown(res: dict, meta: dict) -> str:
              f"{meta['threads']} torch threads, {res['steps']} measured steps after {res['warmup']} warm-up, interleaved "
              f"({meta['date']}; load average {meta['load_avg_1min_before']:.1f} before).", "",
              "| strategy | median s / step | p25-p75 s | tokens forwarded | vs prefix cache (medians / paired) | vs exact "
-             "| greedy = exact | mean KL | max KL |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| greedy = exact | mean KL | max KL | between steps: s / tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, d in s.items():
         w = d["wall_s"]
         pc = (f"{d['speedup_vs_prefix_cache']:.2f}x / {d['speedup_vs_prefix_cache_paired']:.2f}x"
@@ -274,11 +294,13 @@ def markdown(res: dict, meta: dict) -> str:
         agree = f"{d['agree'] * res['steps']:.0f}/{res['steps']}" if "agree" in d else "-"
         kls = (f"{d['mean_kl']:.1e}", f"{d['max_kl']:.1e}") if "mean_kl" in d else ("-", "-")
         lines.append(f"| {n} | {w['median']:.3f} | {w['p25']:.3f}-{w['p75']:.3f} | {d['tokens_forwarded']:.0f} | {pc} | "
-                     f"{ex} | {agree} | {kls[0]} | {kls[1]} |")
+                     f"{ex} | {agree} | {kls[0]} | {kls[1]} | "
+                     + (f"{d['idle_s']:.3f} / {d['idle_tokens']:.0f} |" if d.get("idle_tokens") else "- |"))
     lines += ["", "KL = next-token KL(exact || strategy) at the question's last token; \"greedy = exact\": the greedy next "
               "token equals exact re-prefill's. Speedups: ratio of the medians / median of the per-step ratios (same "
               "step, same run). tokens forwarded: tokens run through the model per step (windowkit: repaired survivor "
-              "tokens + new chunk + question)."]
+              "tokens + new chunk + question). Between steps: the median idle work after the step (``win.flush()``; "
+              "wk-ahead also ``win.prefetch(next=...)``), not in the step's time."]
     return "\n".join(lines)
 
 

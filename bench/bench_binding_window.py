@@ -8,8 +8,10 @@ Each video is the long-video example's (``agents.long_video.binding_video``: 60 
 the last 3 frames behind a BOS prefix, look-backs as ``examples/long_video_qa.py`` makes them, one scored question
 per step). Per rule a ``LongVideoAgent`` runs the 60 steps with an exact re-prefill window and a prefix cache
 beside it (``PrefixCache``: the unchanged leading frames kept, the rest and the question prefilled in ONE
-forward). Rules: ``default`` (the Window's defaults: fidelity "balanced"), or any repair spec (``all``,
-``head``, ``none``, ...). Accuracy and KL are deterministic; times are the sum of the 60 timed steps (windowkit:
+forward). Rules: ``default`` (the Window's defaults: fidelity "balanced"), ``ahead`` (the defaults, and the agent
+prepares each next slide between steps: ``LongVideoAgent(anticipate=True)``, ``win.prefetch(next=frames[1:])``,
+timed with the between-steps work), or any repair spec (``all``, ``head``, ``none``, ...). Frames are hashed when
+made (as a chunk without an id is), not by whichever strategy's timed step sees them first. Accuracy and KL are deterministic; times are the sum of the 60 timed steps (windowkit:
 ``assign`` + the question's forward; prefix cache: its step), measured in the same run, step by step interleaved;
 the last column adds the windowkit agent's ``win.flush()`` after each answer (the exact conditioned copies the step
 keeps for later look-backs, written to the store between steps).
@@ -81,7 +83,8 @@ def table(rows: list[dict], rules: list[str]) -> str:
         ms = sum(r["windowkit_ms"] for r in rs) / sum(r["prefix_cache_ms"] for r in rs)
         idle = sum(r["windowkit_ms"] + r["windowkit_idle_ms"] for r in rs) / sum(r["prefix_cache_ms"] for r in rs)
         med = statistics.median([x for r in rs for x in r["step_ratios"]])
-        lines.append(f"| {rule} (`{rs[0]['repair']}`) | {wk} / {ex} (of {n}) | {100 * (wk - ex) / n:+.1f} | "
+        label = f"{rule} (`{rs[0]['repair']}`" + (" + `prefetch(next=...)` between steps" if rule == "ahead" else "") + ")"
+        lines.append(f"| {label} | {wk} / {ex} (of {n}) | {100 * (wk - ex) / n:+.1f} | "
                      f"{sum(r['answers_differ'] for r in rs)} | {kl:.1e} / {klmax:.1e} | {tok:.2f}x | "
                      f"{ms:.2f}x / {med:.2f}x | {idle:.2f}x |")
     return "\n".join(lines)

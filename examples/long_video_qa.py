@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, default=32, help="patch rank m")
     ap.add_argument("--refresh", default=None,
                     help="patch refresh for drifted survivors: always | threshold:TAU | budget:K (default: none)")
+    ap.add_argument("--anticipate", action="store_true",
+                    help="between steps, prepare the next slide's survivors (win.prefetch(next=...)): each slide then "
+                         "prefills only its new frame; the idle work is reported apart")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     ap.add_argument("--no-reference", action="store_true", help="skip the exact re-prefill reference window")
     ap.add_argument("--record", default=None, metavar="PATH", help="write each step's window as a JSONL trace (replay: windowkit simulate PATH)")
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
             frames, ask, prefix = binding_video(n_frames, args.seed)
         agent = LongVideoAgent(model, window=window, rank=args.rank, frame_size=(w, h),
                                reference=not args.no_reference, model_path=model_path, record=args.record,
-                               prefix=prefix, blind=binding, max_new_tokens=1 if binding else 4, refresh=args.refresh)
+                               prefix=prefix, blind=binding, max_new_tokens=1 if binding else 4, refresh=args.refresh,
+                               anticipate=args.anticipate)
         if not binding:
             frames = sample_video(agent, args.video, args.fps, n_frames)
         steps = min((n_frames if binding else 18) if args.steps is None else args.steps, len(frames))
