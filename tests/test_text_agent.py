@@ -179,6 +179,23 @@ def test_bench_real_shard_runs_the_same_item_as_the_whole_range(model, tok) -> N
     assert a["default"]["tokens"] < a["prefix-cache"]["tokens"] and a["default"]["kl"] < 5e-2
 
 
+def test_bench_real_ahead_prepares_each_slide_off_the_critical_path(model, tok) -> None:
+    """The stream's "ahead" strategy: between steps the entries the next slide keeps are prepared (their exact
+    conditioned KV, ``prefetch(next=...)``), so a slide after a slide prefills only the new entry and the
+    question (the floor) and its answer is exact re-prefill's (KL ~ 0); the idle work is counted apart."""
+    res = real.run(n=5, tasks=["stream"], strategies=["exact", "prefix-cache", "default", "ahead"], model=model,
+                   tok=tok, threads=1, progress=False, k=4, stream_steps=5)
+    steps = res["raw"]["stream"]["slide+look-back"]
+    after_slide = [s for prev, s in zip(steps, steps[1:]) if prev["ahead"]["kind"] == s["ahead"]["kind"] == "slide"]
+    assert after_slide
+    for s in after_slide:
+        a = s["ahead"]
+        assert a["tokens"] == a["floor_tokens"] < a["prefix_cache_tokens"], (a["tokens"], a["floor_tokens"])
+        assert a["kl"] < 1e-6 and a["text"] == s["exact"]["text"]
+    assert all(s["ahead"]["idle_tokens"] > 0 for s in steps)
+    assert all("idle_tokens" in s["default"] for s in steps)  # the default's prefetch() is idle work too
+
+
 # ---------------------------------------------------------------------- the seeded tasks, version 2
 def test_tasks_version_2_gives_every_fact_of_a_window_its_own_kind() -> None:
     rng = random.Random(3)

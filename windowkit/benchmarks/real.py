@@ -214,13 +214,15 @@ def keep_kwargs() -> dict:
 class Strategy:
     """How one strategy runs a step. ``window``: Window constructor arguments (None: not a Window);
     ``after``: called on the window after the edit, before the question (refresh policies);
-    ``blend``: CacheBlend recompute fraction over a blind window; ``note``: one line for the docs."""
+    ``blend``: CacheBlend recompute fraction over a blind window; ``ahead``: between steps of a stream, also prepare
+    the next slide (``prefetch(next=...)``) after forming canonicals and patches; ``note``: one line for the docs."""
 
     name: str
     window: Optional[dict] = None
     after: Optional[Callable[[Any], Any]] = None
     blend: Optional[float] = None
     note: str = ""
+    ahead: bool = False
 
 
 def _refresh(spec: str) -> Callable[[Any], Any]:
@@ -270,6 +272,9 @@ def build_strategies() -> dict[str, Strategy]:
                      note="Window(repair='all') = fidelity='exact': every stale survivor recomputed"),
             Strategy("default", {"mode": "patch", "rank": 32, "fidelity": "balanced"},
                      note="Window(fidelity='balanced'), the default: repair " + repr(FIDELITY["balanced"])),
+            Strategy("ahead", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, ahead=True,
+                     note="the default, and between stream steps win.prefetch(next=...) of the entries the next "
+                          "slide keeps, prepared off the critical path (one-step histories: the default)"),
         ]
     return {x.name: x for x in s}
 
@@ -501,8 +506,14 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
             row.update(prefix_cache_tokens=pc, exact_tokens=exact.prefill_tokens, kind=step.kind, floor_tokens=floor)
             rows[name] = row
         for name, w in wins.items():
-            if name != "exact":
-                w.prefetch()  # between steps: canonicals + patches for the contexts seen (off the critical path)
+            if name == "exact":
+                continue
+            p0 = w.stats.prefill_tokens
+            w.prefetch()  # between steps: canonicals + patches for the contexts seen (off the critical path)
+            if strategies[name].ahead:  # and the entries a slide keeps (the agent's sliding policy; a coming
+                # look-back is not guessed, and the entry a look-back just recalled is not kept)
+                w.prefetch(next=[chunks[i].id for i in range(step.index + 1, step.index + k)])
+            rows[name]["idle_tokens"] = w.stats.prefill_tokens - p0  # off the critical path: not in its tokens
         prev = want
         out.append(rows)
     return out
