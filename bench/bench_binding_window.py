@@ -10,11 +10,12 @@ per step). Per rule a ``LongVideoAgent`` runs the 60 steps with an exact re-pref
 beside it (``PrefixCache``: the unchanged leading frames kept, the rest and the question prefilled in ONE
 forward). Rules: ``default`` (the Window's defaults: fidelity "balanced"), ``ahead`` (the defaults, and the agent
 prepares each next slide between steps: ``LongVideoAgent(anticipate=True)``, ``win.prefetch(next=frames[1:])``,
-timed with the between-steps work), or any repair spec (``all``, ``head``, ``none``, ...). Frames are hashed when
-made (as a chunk without an id is), not by whichever strategy's timed step sees them first. Accuracy and KL are deterministic; times are the sum of the 60 timed steps (windowkit:
-``assign`` + the question's forward; prefix cache: its step), measured in the same run, step by step interleaved;
-the last column adds the windowkit agent's ``win.flush()`` after each answer (the exact conditioned copies the step
-keeps for later look-backs, written to the store between steps).
+timed with the between-steps work), or any repair spec (``all``, ``head``, ``none``, ...). Frames are hashed
+when made (as a chunk without an id is), not by whichever strategy's timed step sees them first. Accuracy and KL
+are deterministic; times are the sum of the 60 timed steps (windowkit: ``assign`` + the question's forward;
+prefix cache: its step), measured in the same run, step by step interleaved; the last column adds the windowkit
+agent's work between steps (``win.flush()`` after each answer: the exact conditioned copies the step keeps for
+later look-backs, written to the store; ``ahead``: also the next slide's preparation).
 
 Writes ``bench/results/binding_window.json`` (``--json``) and ``bench/results/binding_window.md`` (``--md``).
 """
