@@ -927,7 +927,6 @@ class Window:
         f = next((j for j, h in enumerate(have) if h is None), None)
         if f is None:
             return {"prefilled": 0}
-        self._write_back()  # this step's own copies first: ``_prepared`` holds only what is made below
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
         for j in range(f):  # what is in front of the first missing one, placed where the next window holds it
             kv, at = have[j]
@@ -945,7 +944,7 @@ class Window:
             elif not self.store.has_canonical(e.key):  # nothing in front: its prefill at 0 is its canonical
                 self.stats.encodes += 1
                 self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(e.n)})
-        self._prepared = dict(self._unkept)  # the next step reads them without a store round trip
+        self._prepared = dict(self._unkept)  # (prefetch wrote back first: only these) read without a store trip
         if f == 0 and self.prefix is not None:  # the whole past of the next step's first new chunk, assembled now
             self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
         self._write_back()
@@ -1262,7 +1261,7 @@ class Window:
         if not self._keeps_conditioned or not self._maybe_known(ctx):
             return None
         ck = conditioned_key(e.key, ctx)
-        waiting = self._unkept.get(ck) or self._prepared.get(ck)
+        waiting = self._in_memory(ck)
         if waiting is not None:  # made by a recent step, not written back yet: the same exact KV
             kv, meta = waiting
             return (kv, int(meta["start"])) if kv.num_tokens == e.n else None
@@ -1321,6 +1320,10 @@ class Window:
         for key, (kv, meta) in kept.items():
             self.store.put_canonical(key, kv, meta)
         return len(kept)
+
+    def _in_memory(self, key: str) -> Optional[tuple[ChunkKV, dict]]:
+        """A conditioned copy still held by the Window (waiting for its write, or made by ``prefetch(next=...)``)."""
+        return self._unkept.get(key) or self._prepared.get(key)
 
     def _has_conditioned(self, key: str) -> bool:
         return key in self._unkept or self.store.has_canonical(key)
@@ -1404,17 +1407,11 @@ class Window:
                     continue  # lazy: no encode just for this; keep-as-is
                 e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], None), starts[i]
             else:
-                ck = conditioned_key(e.key, ctx)
-                near = self._unkept.get(ck) or self._prepared.get(ck)
+                near = self._in_memory(conditioned_key(e.key, ctx))
                 patch = None if near is not None else self._get_patch(e.key, ctx)
                 if near is not None and near[0].num_tokens == e.n:  # exact, in memory: before any patch
-                    d = starts[i] - int(near[1]["start"])
-                    if d:
-                        e.kv = self._placed(near[0], d, None)
-                    else:  # where it was made (``prefetch(next=...)``): the same tensors, nothing to place
-                        e.kv = near[0]
-                        self._credit(e.n, time.perf_counter())
-                    e.kv_start = starts[i]
+                    # (where ``prefetch(next=...)`` made it, placing returns the same tensors: no rotation)
+                    e.kv, e.kv_start = self._placed(near[0], starts[i] - int(near[1]["start"]), None), starts[i]
                 elif patch is not None and patch.num_tokens == e.n:
                     e.kv, e.kv_start = self._placed(self._canonical(e), starts[i], patch), starts[i]
                     self.stats.patch_reuses += 1
