@@ -300,3 +300,18 @@ def test_a_context_of_the_right_length_but_other_ids_is_stale():
     # d was formed behind (x, c): after b's eviction it stands at index 2 behind (a, c): same length, other ids
     v = view(("a", "b", "c", "d"), ante=[(), ("a",), ("a", "b"), ("x", "c")])
     assert edit_tokens(v, ["a", "c", "d"], HEAD5) == 30 + 5
+
+
+def test_a_survivor_free_by_a_stored_patch_needs_its_canonical_too():
+    # [a b c] -> [b c]: c has a patch for its new context (b); placing it needs c's canonical. With it, c is free
+    # and the head rule recomputes only b (20); without it, c stays stale: b (20) + 5 of c
+    with_canon = view(canonical={"c"}, patch={("c", ("b",))})
+    assert edit_tokens(with_canon, ["b", "c"], HEAD5) == 20
+    assert edit_tokens(view(canonical=False, patch={("c", ("b",))}), ["b", "c"], HEAD5) == 25
+
+
+def test_a_survivor_made_free_goes_stale_again_behind_an_insert():
+    # [a b c] -> [d b c]: b at the head takes its canonical (free, formed on nothing), so the eviction's repair
+    # starts at c (wholly, 30); d (canonical stored: 0) is then placed in front of b, which is stale again: the
+    # insert's repair recomputes b (20) and 5 of c
+    assert edit_tokens(view(), ["d", "b", "c"], HEAD5) == 30 + 20 + 5
