@@ -319,6 +319,8 @@ class StepLog:
     blind_kl: Optional[float] = None  # KL(exact || blind)
     idle_ms: float = 0.0  # measured: ``win.flush()`` after the answer (the step's store writes, between steps)
     idle_tokens: int = 0  # prefilled between steps (``anticipate``: the next slide's survivors), not in ``delta``
+    model_ms: float = 0.0  # of ``ms``: the time inside the model's calls (``BackendStats.busy_ms``); the rest is
+    pc_model_ms: Optional[float] = None  # windowkit's bookkeeping. The same split of ``pc_ms``
 
 
 @dataclass
@@ -545,13 +547,14 @@ class LongVideoAgent:
         phase = getattr(self, "_on_phase", None) or (lambda name: None)
         phase("windowkit")
         before = self.win.stats.as_dict()
-        vc0 = self.backend.stats.vision_calls
+        vc0, busy0 = self.backend.stats.vision_calls, self.backend.stats.busy_ms
         t0 = time.perf_counter()
         edits = self.win.assign(wanted)
         if self.refresh is not None:  # fresh conditioning for drifted survivors (counted as patch forms)
             edits = edits + [("refresh", cid) for cid in self.refresh.apply(self.win)]
         logits = self.win.forward(prompt)  # materializes the window: relocations happen here
         ms = (time.perf_counter() - t0) * 1e3
+        model_ms = self.backend.stats.busy_ms - busy0
         if self.recorder is not None:  # once per step, outside the timed part
             self.recorder.record(self.win, query_tokens=int(prompt.numel()))
         phase("answer")
@@ -570,7 +573,7 @@ class LongVideoAgent:
             ops[op] = ops.get(op, 0) + 1
         row = StepLog(s.index, s.kind, list(s.frames), ops, delta, answer, sum(len(c) for c in wanted), ms,
                       prefix_cache_tokens=common_prefix_tokens(list(prev), wanted), idle_ms=idle_ms,
-                      idle_tokens=idle_tokens)
+                      idle_tokens=idle_tokens, model_ms=model_ms)
         if ask is not None:
             row.question_kind, row.correct = ask.kind, ask.correct(logits)
         if self.ref is not None:
@@ -594,10 +597,12 @@ class LongVideoAgent:
                 row.blind_kl = kl_divergence(ref_logits, blind_logits)
         if self.pc is not None:
             phase("prefix cache")
+            busy = self.pc.backend.stats.busy_ms
             t2 = time.perf_counter()
             # reuse the unchanged leading chunks, prefill the rest + the prompt
             self.pc.step(([self.prefix] if self.prefix is not None else []) + wanted, prompt)
             row.pc_ms = (time.perf_counter() - t2) * 1e3
+            row.pc_model_ms = self.pc.backend.stats.busy_ms - busy
         return row
 
 

@@ -130,6 +130,20 @@ def test_anticipated_slides_prefill_only_the_new_frame(model):
     idle = [r.idle_tokens for r in report.steps]  # 14 per full window; fewer where a survivor was held already
     assert all(t <= 14 for t in idle) and idle.count(14) >= len(slides), idle
     assert agent.win.stats.fallbacks == 0
+    for r in report.steps:  # each step's time splits into the model's calls and the work around them
+        assert 0 < r.model_ms <= r.ms and 0 < r.pc_model_ms <= r.pc_ms, (r.index, r.model_ms, r.ms)
+
+
+def test_the_binding_floor_answers_as_the_prefix_cache(model):
+    """bench_binding_window's floor (each step's one unavoidable forward: the new frame and the question over an
+    exact KV of the rest) is a floor of the same computation: its next-token logits equal the prefix cache's on
+    every step, slides and look-backs, and it times every step after the first."""
+    from bench.bench_binding_window import N_FRAMES, run_floor
+
+    fl = run_floor(model, 1)
+    assert fl["kl_max"] < 1e-6
+    assert len(fl["step_ratios"]) == N_FRAMES - 1 and all(x > 0 for x in fl["step_ratios"])
+    assert fl["floor_ms"] > 0 and fl["prefix_cache_ms"] > 0
 
 
 def test_head_only_repair_on_m_rope_recomputes_one_frame(model):

@@ -514,3 +514,22 @@ def test_lazy_and_eager_links_mixed():
     eager.add_patch("h", "h|a", ["a"])
     eager.add_chunk("i")
     assert _seen(lazy) == _seen(eager) and list(lazy.graph.nodes)[-2:] == [R("h", "h|a"), "i"]
+
+
+def test_link_deferred_links_now_and_unread_links_stay_bounded():
+    """``link_deferred`` (a Window's idle time) links what was deferred, exactly as a read would; a caller that
+    never reads the graph keeps at most 4,096 links waiting (they are linked in batches), and the graph it
+    reads at the end is still the eager one."""
+    def script(g, ctx, evict):
+        for i in range(5):
+            g.add_chunk(f"k{i}", i + 1)
+        for j in range(5000):  # a long slide: each step re-wears a chunk behind a new context
+            g.add_patch(f"k{j % 5}", ctx(f"k{j % 5}", str(j)), [f"k{(j + 1) % 5}"], tokens=j % 5 + 1)
+            assert len(g._later) <= 4096
+        evict("k0")
+
+    eager, lazy, fn = _both(script)
+    assert 0 < len(lazy._later) < 5000 and len(fn.calls) >= 4096  # one batch linked on the way, the rest waits
+    lazy.link_deferred()
+    assert not lazy._later and len(fn.calls) == 5000
+    assert _seen(lazy) == _seen(eager)

@@ -483,6 +483,77 @@ def test_prefetch_next_prepares_the_next_slide(llama, fidelity):
         assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), logits) <= 1e-6
 
 
+def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monkeypatch):
+    """The step ``prefetch(next=...)`` prepared (the window unchanged since, the wanted window opening with the
+    prepared chunks in their order, the rest of the window dropped) gets the planner's own answer without running
+    the planner: the same route, kept prefix and prefill, an edit bound no lower than the planner's. Any other
+    step asks the planner: the window edited since, another order, a step where the prefix cache keeps every
+    prepared chunk. Every step equals transformers' forward over the new window."""
+    import windowkit.window.window as window_mod
+    from windowkit.window.plan import choose_step
+
+    asked = []
+    monkeypatch.setattr(window_mod, "choose_step", lambda *a, **k: asked.append(a[1]) or choose_step(*a, **k))
+    cs = [text(llama, 7, 2100 + i, f"r{i}") for i in range(9)]
+    bos = text(llama, 2, 2099, "bos")
+    win = wk.Window(llama, prefix=bos)
+
+    def step(want):
+        win.assign(want)
+        logits = win.forward(QUERY)
+        assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), logits) <= 1e-6
+        win.flush()
+
+    step(cs[:3])
+    win.prefetch(next=win.ids[1:])
+    want = cs[1:4]
+    planner = choose_step(win._view(want), [c.id for c in want], win.repair)
+    n = len(asked)
+    step(want)
+    got = win.last_choice
+    assert len(asked) == n and planner.route == got.route == "edit"
+    assert (got.keep, got.prefill_tokens) == (planner.keep, planner.prefill_tokens)
+    assert got.edit_tokens >= planner.edit_tokens
+    from windowkit.graph.dependency import PatchRef
+    for e in list(win._entries)[1:]:  # the graph (its links deferred off the step) reads what each one wears
+        assert win.graph.current_patch(e.id) == PatchRef(e.id, e.ctx) and win.graph.antecedents(e.id, e.ctx) == e.ante
+    win.prefetch(next=win.ids[1:])
+    win.evict("head")
+    win.recall("r1", at=0)  # the window is back where it was, but edited since the guess: the planner decides
+    n = len(asked)
+    step([cs[2], cs[3], cs[4]])
+    assert len(asked) == n + 1
+    win.prefetch(next=win.ids[1:])
+    n = len(asked)
+    step([cs[3], cs[4], cs[2]])  # the guess opens the step, but the head moves to the tail: the planner decides
+    assert len(asked) == n + 1
+    win.prefetch(next=win.ids[1:])
+    win.admit(cs[5])  # the window changed since: the guess no longer holds
+    step([cs[4], cs[2], cs[5], cs[6]])
+    assert asked[-1] == ["r4", "r2", "r5", "r6"]
+    win.prefetch(next=win.ids[1:])
+    n = len(asked)
+    step([cs[5], cs[2], cs[6], cs[7]])  # not the guessed order
+    assert len(asked) == n + 1
+    assert win.prefetch(next=win.ids[1:]) == {"prefilled": 14}  # r2's copy is in the store, not held: the
+    n = len(asked)  # planner decides (it sees what the store holds at the step)
+    step([cs[2], cs[6], cs[7], cs[8]])
+    assert len(asked) == n + 1
+    assert win.prefetch(next=["r6", "r7"]) == {"prefilled": 14}  # both made now, as for the first step above
+    win.prefetch(next=[])  # a later guess replaces it (here: none)
+    n = len(asked)
+    step([cs[6], cs[7], cs[0]])
+    assert len(asked) == n + 1
+    fast = wk.Window(llama, prefix=bos, fidelity="fast")  # survivors kept as-is: stale after the eviction
+    fast.assign(cs[:3])
+    fast.forward(QUERY)
+    fast.evict("head")
+    fast.prefetch(next=fast.ids)  # their exact KV where they stand: the prefix cache keeps them too
+    n = len(asked)
+    fast.assign([cs[1], cs[2], cs[8]])  # ("fast" keeps its stale survivors: no exactness to compare here)
+    assert len(asked) == n + 1 and fast.last_choice.keep == 2
+
+
 def test_prefetch_next_wrong_guess_and_bad_input(llama):
     """A wrong guess costs its idle forward and nothing else (the step is what it would have been, exact); a
     guess that starts with what the window already holds exactly costs nothing; bad ids are refused."""

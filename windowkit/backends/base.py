@@ -39,6 +39,7 @@ class BackendStats:
     forwards: int = 0
     forward_tokens: int = 0
     vision_calls: int = 0
+    busy_ms: float = 0.0  # wall time inside model calls (HFBackend: forward, recompute, query_attention, span)
     extra: dict = field(default_factory=dict)
 
 

@@ -11,8 +11,10 @@ running the decoder) live in small adapters: text decoders here, Qwen-VL in ``hf
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
+import time
 from contextlib import nullcontext
 from typing import Any, Optional, Sequence
 
@@ -32,6 +34,19 @@ TEXT_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "deepseek_v2", "deepseek_
 VL_FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 # families where HFBackend.recompute (selective token recompute under a 4-D mask) is exact
 RECOMPUTE_FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def _busy(fn):
+    """Add a model call's wall time to ``stats.busy_ms``: an agent can split its step into the model's time and
+    everything around it (bookkeeping) without timing the backend from outside."""
+    @functools.wraps(fn)
+    def run(self, *args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(self, *args, **kw)
+        finally:
+            self.stats.busy_ms += (time.perf_counter() - t0) * 1e3
+    return run
 
 
 class TextAdapter:
@@ -192,6 +207,7 @@ class HFBackend:
             got = self._pos_cache[key] = self.adapter.positions(chunk, 0)
         return got
 
+    @_busy
     def span(self, chunk: Chunk) -> int:
         if self.adapter.n_axes == 1:
             return len(chunk)  # 1-D RoPE: one position per token
@@ -237,6 +253,7 @@ class HFBackend:
         if kv.device != self.device:
             raise KVShapeError(f"KV on {kv.device}, model on {self.device}")
 
+    @_busy
     def forward(self, chunks: Sequence[Chunk], start: int, past: Optional[ChunkKV] = None) -> ForwardResult:
         """Run ``chunks`` back to back from position ``start`` over ``past``; KV of the new tokens + logits."""
         if not chunks:
@@ -302,6 +319,7 @@ class HFBackend:
         with 1-D positions)."""
         return self.model_type in RECOMPUTE_FAMILIES
 
+    @_busy
     def recompute(self, past: Optional[ChunkKV], chunks: Sequence[Chunk], starts: Sequence[int],
                   offsets: Sequence[torch.Tensor], *, slots: Optional[Sequence[int]] = None,
                   return_logits: bool = False, probe: bool = False):
@@ -428,6 +446,7 @@ class HFBackend:
             return outs, logits
         return outs
 
+    @_busy
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1,
                         lookahead: int = 0, return_kv: bool = False):
         """How much the query reads each past token: [past.num_tokens] attention weights, summed over heads and

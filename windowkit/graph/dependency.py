@@ -483,6 +483,8 @@ class DependencyGraph:
                 rec = [chunk_id, ctx, ante, kind, int(nbytes), int(tokens), self._tokens[chunk_id], current,
                        self._clock]
                 self._clock += 1  # the patch node's place in call order
+                if len(self._later) >= 4096:  # bounded: a caller that never reads the graph links in batches
+                    self._flush()
                 self._later.append(rec)
                 self._later_of.setdefault(chunk_id, []).append(rec)
                 return None
@@ -699,6 +701,15 @@ class DependencyGraph:
         return scored
 
     # ------------------------------------------------------------------ internals
+    def link_deferred(self) -> None:
+        """Link now the patches ``add_patch`` deferred (given a LazyCtx): what any read would do first. For a
+        caller with idle time (``Window.flush`` between steps), so that the next read finds nothing to link.
+
+            g.add_patch("b", LazyCtx(str, "ctx-1"), ["a"])   # recorded, not linked
+            g.link_deferred()                                # linked: node ("b", "ctx-1") and edge a -> it
+        """
+        self._flush()
+
     def _flush(self) -> None:
         """Link the deferred patches (``add_patch`` with a LazyCtx), in call order."""
         if not self._later:

@@ -45,7 +45,7 @@ from windowkit.graph.dependency import LazyCtx, entry_is_stale
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
 from windowkit.window.config import Mode, WindowConfig
-from windowkit.window.plan import FIDELITY, RepairRule, WindowView, choose_step, common_prefix, movers_of
+from windowkit.window.plan import FIDELITY, RepairRule, StepChoice, WindowView, choose_step, common_prefix, movers_of
 
 Where = Union[str, int]
 
@@ -259,6 +259,9 @@ class Window:
         self._prepared: dict[str, tuple[ChunkKV, dict]] = {}
         # (parts, their concatenation): the past that prefetch(next=...) assembled, read by the next ``_kv_upto``
         self._past_memo: Optional[tuple[list[ChunkKV], ChunkKV]] = None
+        # (ids, window version): the live chunks ``prefetch(next=ids)`` made exact for the next window's front, in
+        # memory, while the window is unchanged; an ``assign`` that opens with them needs no planner (_ready_choice)
+        self._ready: Optional[tuple[tuple[str, ...], int]] = None
         self.last_logits: Optional[torch.Tensor] = None  # next-token logits of the last forward / generate query
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
         self.graph = DependencyGraph(cost_model=self.cost_model)
@@ -475,7 +478,7 @@ class Window:
         self._write_back()  # the last step's conditioned copies (free when the agent flushed between steps)
         self._settle()
         if self._capped():
-            choice = choose_step(self._view(wanted), want_ids, self.repair)
+            choice = self._ready_choice(wanted) or choose_step(self._view(wanted), want_ids, self.repair)
             self.last_choice = choice
             if choice.route == "prefill":
                 return self._prefill_route(choice.keep, wanted)
@@ -533,6 +536,7 @@ class Window:
         """
         self._settle()
         self._write_back()
+        self.graph.link_deferred()  # the steps' graph records (deferred off the critical path: _record_exact)
 
     def stale_ids(self) -> list[str]:
         """Ids whose KV keeps conditioning formed on other antecedents than they have now (kept as-is, or partly
@@ -810,7 +814,7 @@ class Window:
         self._write_back()  # the fork reads the same store: the waiting copies go there first
         other = Window.__new__(Window)
         other.__dict__.update(self.__dict__)
-        other._unkept, other._prepared, other._past_memo = {}, {}, None
+        other._unkept, other._prepared, other._past_memo, other._ready = {}, {}, None, None
         other.stats = WindowStats()
         other._step_p0 = self._step_p0 - self.stats.prefill_tokens  # its own counters: the step's spending so far
         other._entries = deque()
@@ -906,6 +910,7 @@ class Window:
         if len(set(ids)) != len(ids):
             raise WindowkitError(f"prefetch: duplicate chunk ids in next={ids}")
         chunks = [self.chunk(i) for i in ids]  # ChunkNotFoundError for an id this window never saw
+        self._ready = None  # a new guess replaces the last one
         p0 = self.stats.prefill_tokens
         if not self._keeps_conditioned or not self._needs_past or not ids:
             return {"prefilled": 0}
@@ -945,6 +950,10 @@ class Window:
                 self.stats.encodes += 1
                 self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(e.n)})
         self._prepared = dict(self._unkept)  # (prefetch wrote back first: only these) read without a store trip
+        # every one exact for its next place, in memory: made now, or a live entry already exact there
+        if all(c.id in live for c in chunks) and all(
+                j >= f or (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending) for j in range(len(ids))):
+            self._ready = (tuple(ids), self._version)
         if f == 0 and self.prefix is not None:  # the whole past of the next step's first new chunk, assembled now
             self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
         self._write_back()
@@ -1172,6 +1181,31 @@ class Window:
 
     def _capped(self) -> bool:
         return self.cap and self.mode == "patch" and self.form == "lazy" and not self.removal_patches
+
+    def _ready_choice(self, wanted: Sequence[Chunk]) -> Optional[StepChoice]:
+        """``choose_step``'s answer, known without it, for the step ``prefetch(next=ids)`` prepared: the window is
+        unchanged since, the wanted window opens with ``ids`` (live, in their current order, each one's exact KV
+        for that place in memory), and the rest of the window goes. The edits then run only the chunks after
+        ``ids`` (at most their tokens), which the prefix cache's plan runs too, plus the ``ids`` it does not
+        keep: the edits win whenever it keeps fewer than all of them. None: ask the planner."""
+        ready = self._ready
+        if ready is None or ready[1] != self._version:
+            return None
+        ids, want_ids = ready[0], [c.id for c in wanted]
+        r = len(ids)
+        if not r or tuple(want_ids[:r]) != ids:
+            return None
+        cur = self.ids
+        front = [i for i in cur if i in ids]  # the ready ids still in the window, in window order
+        if front != list(ids) or any(i in cur for i in want_ids[r:]):  # all live in order; nothing else stays
+            return None
+        keep = common_prefix(cur, want_ids)
+        tokens = {e.id: e.n for e in self._entries}
+        ready_unkept = sum(tokens[i] for i in ids[keep:])
+        if not ready_unkept:
+            return None  # the prefix cache keeps them all: a tie or close, the planner decides
+        tail = sum(len(c) for c in wanted[r:])
+        return StepChoice("edit", keep, ready_unkept + tail, tail)
 
     def _view(self, wanted: Sequence[Chunk]) -> WindowView:
         """The window as the tensor-free rules read it (windowkit.window.plan): ids, sizes, what the store holds."""
@@ -1421,10 +1455,7 @@ class Window:
                         continue  # keep-as-is: relocation only
                     e.kv, e.kv_start = self._placed(got[0], starts[i] - got[1], None), starts[i]
             e.ctx, e.ante = ctx, ante
-            if ante:
-                self.graph.add_patch(e.id, ctx, ante, "fresh", 0, e.n)
-            else:
-                self.graph.set_current(e.id, None)
+            self._record_exact(e, ctx, ante)
 
     def _recondition_survivors(self, first: int) -> None:
         """Removal patches for the survivors behind an eviction: one forward of them over the new context."""
@@ -1692,8 +1723,14 @@ class Window:
         """``e`` now holds KV exactly conditioned on ``ante`` at ``start``."""
         e.kv, e.kv_start = kv, start
         e.ante, e.ctx = ante, self._ctx(ante)
+        self._record_exact(e, e.ctx, ante)
+
+    def _record_exact(self, e: _Entry, ctx: str, ante: tuple[str, ...]) -> None:
+        """Tell the graph that ``e`` wears its exact conditioning for ``ctx`` (no stored patch: 0 bytes). Its link
+        is deferred to the next read of the graph or ``flush`` (a LazyCtx already computed): a step that only
+        slides reads no graph, so the networkx edit leaves its critical path."""
         if ante:
-            self.graph.add_patch(e.id, e.ctx, ante, "fresh", 0, e.n)
+            self.graph.add_patch(e.id, LazyCtx(str, ctx), ante, "fresh", 0, e.n)
         else:
             self.graph.add_chunk(e.id, e.n)
             self.graph.set_current(e.id, None)
