@@ -952,7 +952,8 @@ class Window:
         self._prepared = dict(self._unkept)  # (prefetch wrote back first: only these) read without a store trip
         # every one exact for its next place, in memory: made now, or a live entry already exact there
         if all(c.id in live for c in chunks) and all(
-                j >= f or (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending) for j in range(len(ids))):
+                j >= f or (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending)
+                for j in range(len(ids))):
             self._ready = (tuple(ids), self._version)
         if f == 0 and self.prefix is not None:  # the whole past of the next step's first new chunk, assembled now
             self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
