@@ -544,6 +544,13 @@ def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monk
     n = len(asked)
     step([cs[6], cs[7], cs[0]])
     assert len(asked) == n + 1
+    win.prefetch(next=win.ids[1:])
+    win.assign([cs[7], cs[0], cs[1]])  # no flush: the graph records of the step wait for the graph's next read
+    win.forward(QUERY)
+    twin = win.fork()  # a fork copies the graph as read now
+    for g in (twin.graph, win.graph):
+        for e in list(win._entries)[1:]:
+            assert g.current_patch(e.id) == PatchRef(e.id, e.ctx) and g.antecedents(e.id, e.ctx) == e.ante
     fast = wk.Window(llama, prefix=bos, fidelity="fast")  # survivors kept as-is: stale after the eviction
     fast.assign(cs[:3])
     fast.forward(QUERY)

@@ -259,12 +259,16 @@ class Window:
         self._prepared: dict[str, tuple[ChunkKV, dict]] = {}
         # (parts, their concatenation): the past that prefetch(next=...) assembled, read by the next ``_kv_upto``
         self._past_memo: Optional[tuple[list[ChunkKV], ChunkKV]] = None
-        # (ids, window version): the live chunks ``prefetch(next=ids)`` made exact for the next window's front, in
-        # memory, while the window is unchanged; an ``assign`` that opens with them needs no planner (_ready_choice)
-        self._ready: Optional[tuple[tuple[str, ...], int]] = None
+        # (ids, window version, per id its exact (kv, start, ctx) there or None where it holds it already): the live
+        # chunks ``prefetch(next=ids)`` made exact for the next window's front, in memory, while the window is
+        # unchanged; an ``assign`` that opens with them needs no planner (_ready_choice) and no search (_ready_route)
+        self._ready: Optional[tuple[tuple[str, ...], int, list]] = None
         self.last_logits: Optional[torch.Tensor] = None  # next-token logits of the last forward / generate query
         self.cost_model = TokenCostModel(ms_per_token=0.0, bytes_per_token=self._patch_bytes_per_token())
-        self.graph = DependencyGraph(cost_model=self.cost_model)
+        self._graph = DependencyGraph(cost_model=self.cost_model)
+        # (chunk id, ctx, antecedents, tokens) of exact conditioning given since the graph was last read: recorded
+        # into the graph by its next read (``graph``) or ``flush``, off the step's critical path (_record_exact)
+        self._graph_later: list[tuple[str, str, tuple[str, ...], int]] = []
         self.last_cascade: Optional[Cascade] = None
         self.stats = WindowStats()
         self._entries: deque[_Entry] = deque()
@@ -289,6 +293,30 @@ class Window:
             self._step_p0 = self.stats.prefill_tokens
 
     # ================================================================== facts
+    @property
+    def graph(self) -> DependencyGraph:
+        """The dependency graph of the window's patches (which chunk wears what, formed on which antecedents).
+
+            win.graph.current_patch("frame-3")   # PatchRef(chunk_id="frame-3", ctx=...) or None
+        """
+        if self._graph_later:
+            self._record_later()
+        return self._graph
+
+    @graph.setter
+    def graph(self, g: DependencyGraph) -> None:
+        self._graph, self._graph_later = g, []
+
+    def _record_later(self) -> None:
+        later, self._graph_later = self._graph_later, []
+        g = self._graph
+        for cid, ctx, ante, n in later:
+            if ante:
+                g.add_patch(cid, LazyCtx(str, ctx), ante, "fresh", 0, n)
+            else:
+                g.add_chunk(cid, n)
+                g.set_current(cid, None)
+
     @property
     def ids(self) -> list[str]:
         return list(map(_ID, self._entries))
@@ -372,10 +400,7 @@ class Window:
         else:
             e = self._entries[idx]
             del self._entries[idx]
-        self._evicted[e.id] = e.chunk
-        self._live.discard(e.id)
-        self.store.unpin(e.key)
-        self.graph.evict_quietly(e.id)  # patches formed on it are stale from now on
+        self._gone(e)
         self._version += 1
         if self.mode == "patch" and idx < len(self._entries):
             if self.removal_patches:
@@ -384,6 +409,13 @@ class Window:
                 self._refresh_known(idx)
                 self._repair_later(idx)  # before the next admit's prefill: it sees repaired survivors
         return e.id
+
+    def _gone(self, e: _Entry) -> None:
+        """The bookkeeping of an entry taken out of the window (evicted, or dropped by a step's plan)."""
+        self._evicted[e.id] = e.chunk
+        self._live.discard(e.id)
+        self.store.unpin(e.key)
+        self.graph.evict_quietly(e.id)  # patches formed on it are stale from now on
 
     def recall(self, chunk_id: str, at: Optional[int] = None) -> str:
         """Bring an evicted chunk back at index ``at`` (default tail): canonical + R(δ) + a fresh patch
@@ -478,7 +510,11 @@ class Window:
         self._write_back()  # the last step's conditioned copies (free when the agent flushed between steps)
         self._settle()
         if self._capped():
-            choice = self._ready_choice(wanted) or choose_step(self._view(wanted), want_ids, self.repair)
+            choice = self._ready_choice(wanted)
+            if choice is not None:
+                self.last_choice = choice
+                return self._ready_route(wanted)
+            choice = choose_step(self._view(wanted), want_ids, self.repair)
             self.last_choice = choice
             if choice.route == "prefill":
                 return self._prefill_route(choice.keep, wanted)
@@ -629,7 +665,7 @@ class Window:
         q = query_ids if isinstance(query_ids, Chunk) else Chunk.text(torch.as_tensor(query_ids), id="__query__")
         fused = self._focus(q, None, answer=True)[1] if self.repair.query else None
         if fused is None:
-            fused = self._settle(q)
+            fused = self._settle(q, query_kv=False)  # the logits only: the query's KV is not kept
         if fused is not None:
             logits = fused[0]
         else:
@@ -937,15 +973,16 @@ class Window:
             kv, at = have[j]
             parts.append(place(kv, starts[j] - at, self.backend.rope))
         res = self._run(chunks[f:], starts[f], concat(parts) if parts else None)
-        off, made = 0, []
+        off, made, ctxs = 0, [], []
         for j in range(f, len(ids)):
             e = entries[j]
             kv = res.kv.slice(off, off + e.n)
             off += e.n
             made.append(kv)
             ante = tuple(ids[:j])
+            ctxs.append(self._ctx(ante))
             if ante or self.prefix is not None:
-                self._keep_conditioned(e, kv, starts[j], self._ctx(ante), ante)
+                self._keep_conditioned(e, kv, starts[j], ctxs[-1], ante)
             elif not self.store.has_canonical(e.key):  # nothing in front: its prefill at 0 is its canonical
                 self.stats.encodes += 1
                 self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(e.n)})
@@ -954,7 +991,7 @@ class Window:
         if all(c.id in live for c in chunks) and all(
                 j >= f or (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending)
                 for j in range(len(ids))):
-            self._ready = (tuple(ids), self._version)
+            self._ready = (tuple(ids), self._version, [None] * f + list(zip(made, starts[f:], ctxs)))
         if f == 0 and self.prefix is not None:  # the whole past of the next step's first new chunk, assembled now
             self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
         self._write_back()
@@ -1022,11 +1059,16 @@ class Window:
         """Context hash over the antecedents' *content* keys: a context recurs whenever the same content
         does, whatever ids the caller gave the chunks."""
         ante = tuple(ante)
-        h = self._ctx_memo.get(ante)
+        memo = self._ctx_memo
+        h = memo.get(ante)
         if h is None:  # sha256 over the keys is the cost of a survivor refresh: memoize per context
-            if len(self._ctx_memo) > 4096:
-                self._ctx_memo.clear()
-            h = self._ctx_memo[ante] = context_hash(list(map(self._keys.__getitem__, ante)), prefix=self._prefix_key)
+            if len(memo) > 4096:
+                memo.clear()
+            parent = memo.get(ante[:-1]) if ante else None
+            if parent is not None:  # the chain one key further (context_hash is that chain): one sha256
+                h = memo[ante] = context_step(parent, self._keys[ante[-1]])
+            else:
+                h = memo[ante] = context_hash(list(map(self._keys.__getitem__, ante)), prefix=self._prefix_key)
         return h
 
     def _get_patch(self, key: str, ctx: str) -> Optional[Patch]:
@@ -1208,6 +1250,28 @@ class Window:
         tail = sum(len(c) for c in wanted[r:])
         return StepChoice("edit", keep, ready_unkept + tail, tail)
 
+    def _ready_route(self, wanted: Sequence[Chunk]) -> list[tuple[str, str]]:
+        """``assign`` of the step ``_ready_choice`` recognised: drop the rest of the window, give each prepared chunk
+        the exact KV made for its place (the same ``evict`` would find after a search: ``_refresh_known``), then
+        insert what follows them as ``assign`` does. Returns the edits as ``assign`` does."""
+        ids, _, made = self._ready
+        keep = set(ids)
+        edits: list[tuple[str, str]] = []
+        for e in [x for x in self._entries if x.id not in keep]:
+            self._entries.remove(e)
+            self._gone(e)
+            edits.append(("evict", e.id))
+        self._version += 1
+        for j, (e, got) in enumerate(zip(self._entries, made)):
+            if got is not None and entry_is_stale(e.ante, ids, j):
+                e.kv, e.kv_start, e.ctx, e.ante = got[0], got[1], got[2], ids[:j]
+                self._record_exact(e, got[2], ids[:j])
+        for idx in range(len(ids), len(wanted)):
+            c = wanted[idx]
+            edits.append(("recall", self.recall(c.id, at=idx)) if c.id in self._known
+                         else ("admit", self.admit(c, at=idx)))
+        return edits
+
     def _view(self, wanted: Sequence[Chunk]) -> WindowView:
         """The window as the tensor-free rules read it (windowkit.window.plan): ids, sizes, what the store holds."""
         known = self._keys
@@ -1249,10 +1313,7 @@ class Window:
         edits: list[tuple[str, str]] = []
         while len(self._entries) > keep:  # from the tail: nothing in front of a dropped entry moves
             e = self._entries.pop()
-            self._evicted[e.id] = e.chunk
-            self._live.discard(e.id)
-            self.store.unpin(e.key)
-            self.graph.evict_quietly(e.id)
+            self._gone(e)
             edits.append(("evict", e.id))
         edits.reverse()
         self._version += 1
@@ -1324,6 +1385,9 @@ class Window:
         """Something is stored under ``ctx``, the context of ``ante``: record it and all its prefixes as known."""
         hint = self._context_hint()
         if hint is None or ctx in hint:  # prefix-closed: a known context's prefixes are known too
+            return
+        if ante and self._ctx_memo.get(tuple(ante[:-1])) in hint:  # its parent is known, and so all before it
+            hint.add(ctx)
             return
         h = context_root(self._prefix_key)
         hint.add(h)
@@ -1619,7 +1683,7 @@ class Window:
             return False
         return not self._has_conditioned(conditioned_key(e.key, ctx))
 
-    def _settle(self, query: Optional[Chunk] = None, probe: bool = False) -> Optional[tuple]:
+    def _settle(self, query: Optional[Chunk] = None, probe: bool = False, query_kv: bool = True) -> Optional[tuple]:
         """Run the deferred work now as ONE ``backend.recompute``: the pending repair's chosen survivor tokens (at
         their positions, over the stale KV of the rest), every pending tail admission wholly (a plain continuation
         of the window) and ``query`` behind them. The same tokens, attending to the same KV, as the repair forward,
@@ -1628,6 +1692,7 @@ class Window:
         Returns ``(logits, query_kv)`` when ``query`` rode along, else None (also when nothing was deferred); with
         ``probe`` (a query, a backend with selective recompute) ``(logits, query_kv, weights)``: where the query's
         last token attends in that same forward (``backend.recompute(probe=True)``), the focus's probe for free.
+        ``query_kv=False``: a caller that reads only the logits; query_kv may then be None (not sliced out).
         """
         first, tail = self._deferred_repair, self._deferred_tail
         if first is None and not tail:
@@ -1640,14 +1705,14 @@ class Window:
         starts = self.starts()
         stale = [] if first is None else self._stale(entries, ids, first, t)
         if not self._recomputes:
-            return self._settle_by_forward(entries, ids, starts, stale, t, query)
+            return self._settle_by_forward(entries, ids, starts, stale, t, query, query_kv)
         pairs = self._repair_pairs(entries, stale)
         if not pairs and not tail:
             return None
         if not pairs and not (probe and query is not None and self.backend.reads_attention):
             # only admissions (+ the query) behind exact KV: a plain prefill, the prefix cache's own forward (no
             # per-token masks or slot maps to build)
-            return self._settle_by_forward(entries, ids, starts, [], t, query)
+            return self._settle_by_forward(entries, ids, starts, [], t, query, query_kv)
         full = {i for i, k in pairs if k == entries[i].n}
         chunks = [entries[i].chunk for i, _ in pairs] + [x.chunk for x in entries[t:]]
         at = [starts[i] for i, _ in pairs] + starts[t:]
@@ -1691,7 +1756,7 @@ class Window:
         return (logits, fresh[-1]) if query is not None else None
 
     def _settle_by_forward(self, entries: list[_Entry], ids: list[str], starts: list[int], stale: list[int], t: int,
-                           query: Optional[Chunk]) -> Optional[tuple[torch.Tensor, ChunkKV]]:
+                           query: Optional[Chunk], query_kv: bool = True) -> Optional[tuple[torch.Tensor, ChunkKV]]:
         """``_settle`` on a backend without selective recompute (MLA, M-RoPE): its repair re-conditions every chunk
         from the first stale one (``_repair``'s fallback), so the repair, the pending admissions and the query are
         one plain forward of entries[f:] (+ query) over the exact KV in front of f: the prefix cache's forward."""
@@ -1718,7 +1783,7 @@ class Window:
                 self._keep_conditioned(e, kv, starts[i], e.ctx, e.ante)
         if query is None:
             return None
-        return res.logits, res.kv.slice(off, res.kv.num_tokens)
+        return res.logits, (res.kv.slice(off, res.kv.num_tokens) if query_kv else None)
 
     def _set_exact(self, e: _Entry, kv: Optional[ChunkKV], start: int, ante: tuple[str, ...]) -> None:
         """``e`` now holds KV exactly conditioned on ``ante`` at ``start``."""
@@ -1727,14 +1792,12 @@ class Window:
         self._record_exact(e, e.ctx, ante)
 
     def _record_exact(self, e: _Entry, ctx: str, ante: tuple[str, ...]) -> None:
-        """Tell the graph that ``e`` wears its exact conditioning for ``ctx`` (no stored patch: 0 bytes). Its link
-        is deferred to the next read of the graph or ``flush`` (a LazyCtx already computed): a step that only
-        slides reads no graph, so the networkx edit leaves its critical path."""
-        if ante:
-            self.graph.add_patch(e.id, LazyCtx(str, ctx), ante, "fresh", 0, e.n)
-        else:
-            self.graph.add_chunk(e.id, e.n)
-            self.graph.set_current(e.id, None)
+        """Tell the graph that ``e`` wears its exact conditioning for ``ctx`` (no stored patch: 0 bytes), at its
+        next read or ``flush``: a step that only slides reads no graph, so the graph's edit leaves its critical
+        path (in the order of the calls; at most 4,096 wait)."""
+        self._graph_later.append((e.id, ctx, tuple(ante), e.n))
+        if len(self._graph_later) > 4096:
+            self._record_later()
 
     def _kv_upto(self, idx: int) -> Optional[ChunkKV]:
         if not self._needs_past:
