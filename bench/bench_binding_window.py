@@ -42,25 +42,31 @@ from bench._meta import short_commit, utc_stamp  # noqa: E402
 
 from agents.long_video import (BINDING_LOOKBACK, LongVideoAgent, PrefixCache, binding_video,  # noqa: E402
                                lookback_steps, make_plan)
-from windowkit import Chunk  # noqa: E402
+from windowkit import Chunk, Window  # noqa: E402
 from windowkit.backends.hf import HFBackend  # noqa: E402
 from windowkit.kv.metrics import kl_divergence  # noqa: E402
-from windowkit import Window  # noqa: E402
 from windowkit.models.load import load_model  # noqa: E402
 
 N_FRAMES, WINDOW = 60, 3
 
 
-def run_rule(model, seed: int, rule: str) -> dict:
+def video(seed: int) -> tuple:
+    """Binding video ``seed``: (frames, ask, prefix ids, the step plan), every frame hashed when made (as a chunk
+    without an id is): not in whichever timed step sees it first."""
     frames, ask, prefix = binding_video(N_FRAMES, seed)
-    for f in frames:  # hashed when made (as a chunk without an id is): not in whichever timed step sees it first
+    for f in frames:
         f.content_hash()
+    plan = make_plan(len(frames), WINDOW, N_FRAMES, lookback_steps("auto", N_FRAMES, far=BINDING_LOOKBACK[0]),
+                     lookback=BINDING_LOOKBACK)
+    return frames, ask, prefix, plan
+
+
+def run_rule(model, seed: int, rule: str) -> dict:
+    frames, ask, prefix, plan = video(seed)
     agent = LongVideoAgent(model, window=WINDOW, prefix=prefix, blind=False, max_new_tokens=1,
                            anticipate=rule == "ahead")
     if rule not in ("default", "ahead"):
         agent.win = Window(agent.backend, prefix=agent.prefix, repair=rule)
-    plan = make_plan(len(frames), WINDOW, N_FRAMES, lookback_steps("auto", N_FRAMES, far=BINDING_LOOKBACK[0]),
-                     lookback=BINDING_LOOKBACK)
     rep = agent.run(frames, plan, (), (), ask=ask)
     s = rep.summary()
     mh = [r for r in rep.steps if r.question_kind == "multi_hop"]
@@ -81,11 +87,7 @@ def run_floor(model, seed: int) -> dict:
     """The floor of each step, timed against a prefix cache step by step (both with their own backend, so each pays
     its own vision runs): the one forward no method avoids (the frames never seen before and the question, over an
     exact KV of the rest of the window, made untimed as if prepared for free)."""
-    frames, ask, prefix = binding_video(N_FRAMES, seed)
-    for f in frames:
-        f.content_hash()
-    plan = make_plan(len(frames), WINDOW, N_FRAMES, lookback_steps("auto", N_FRAMES, far=BINDING_LOOKBACK[0]),
-                     lookback=BINDING_LOOKBACK)
+    frames, ask, prefix, plan = video(seed)
     pc, floor = PrefixCache(HFBackend(model)), HFBackend(model)
     head = Chunk.text(torch.tensor(prefix), id="__prefix__")
     seen: set = set()
