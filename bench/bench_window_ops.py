@@ -8,8 +8,9 @@ A sliding step is ``evict("head")``, ``admit(new)`` at the tail, ``forward(query
 (perf_counter around the call), medians and p90 over the measured steps after a warm-up. Each measured section
 starts after a ``gc.collect()``: a full collection walks every object of the process (torch's included, ~0.1 s
 here), and whether one lands inside a 0.1 s simulation would otherwise decide its steps/min. The store grows by one
-chunk per step (unbounded). The JSON records the load average before and after: on a shared machine, compare
-ratios within one run.
+chunk per step (unbounded). Every figure is the median of ``--repeat`` runs (default 3, each on a fresh Window;
+the JSON lists every run): this machine's timings swing up to 2x between runs. The JSON records the load average
+before and after: on a shared machine, compare ratios within one run.
 
 The store-size sweep runs the same k = 64 sliding loop on a store pre-filled with 1e3, 1e4 and 1e5 other entries
 (through the public store API: ``put_canonical`` of a one-token KV under fresh chunk keys, half of them as
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench._meta import short_commit  # noqa: E402
 import windowkit as wk  # noqa: E402
 from windowkit.store import ChunkStore, chunk_key, conditioned_key, context_hash  # noqa: E402
 from windowkit.trace import load_videotree, simulate  # noqa: E402
@@ -91,13 +93,29 @@ def ops(k: int, steps: int, warmup: int = 50, store_fill: int = 0) -> dict:
     return out
 
 
-def sim(trace, steps: int) -> dict:
-    """Simulated steps per minute through the real Window (the default strategy) on one trace."""
-    gc.collect()
-    t = time.perf_counter()
-    r = simulate(trace, strategies=[WindowkitStrategy()], progress=False)
-    dt = time.perf_counter() - t
-    return {"steps": steps, "steps_per_min": steps / dt * 60, "total_ms": r.summary()["strategies"]["windowkit"]["total_ms"]}
+def sim(trace, steps: int, repeat: int = 1) -> dict:
+    """Simulated steps per minute through the real Window (the default strategy) on one trace: the median of
+    ``repeat`` whole runs (each a fresh Window; every run is listed)."""
+    rates, total = [], None
+    for _ in range(repeat):
+        gc.collect()
+        t = time.perf_counter()
+        r = simulate(trace, strategies=[WindowkitStrategy()], progress=False)
+        dt = time.perf_counter() - t
+        rates.append(steps / dt * 60)
+        total = r.summary()["strategies"]["windowkit"]["total_ms"]
+    return {"steps": steps, "steps_per_min": statistics.median(rates), "runs_steps_per_min": rates,
+            "total_ms": total}
+
+
+def ops_median(k: int, steps: int, repeat: int, store_fill: int = 0) -> dict:
+    """``ops`` run ``repeat`` times (a fresh Window each): the run whose all-ops median is the median one, with
+    every run's all-ops median listed (a shared machine's noise shows as their spread)."""
+    runs = sorted((ops(k, steps, store_fill=store_fill) for _ in range(repeat)),
+                  key=lambda r: r["all_ops"]["median_us"])
+    out = runs[len(runs) // 2]
+    out["runs_all_ops_median_us"] = [r["all_ops"]["median_us"] for r in runs]
+    return out
 
 
 def sliding(k: int, steps: int):
@@ -107,24 +125,27 @@ def sliding(k: int, steps: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure; the median run is reported")
     ap.add_argument("--json", default=str(ROOT / "bench/results/window_ops.json"))
     ap.add_argument("--md", default=str(ROOT / "bench/results/window_ops.md"))
     a = ap.parse_args(argv)
     load0 = os.getloadavg()[0]
-    rows = {k: ops(k, a.steps) for k in (8, 64)}
-    sims = {k: sim(sliding(k, a.steps), a.steps) for k in (8, 64)}
+    rows = {k: ops_median(k, a.steps, a.repeat) for k in (8, 64)}
+    sims = {k: sim(sliding(k, a.steps), a.steps, a.repeat) for k in (8, 64)}
     vt = load_videotree()  # 1353 steps, windows of 42 chunks on average (up to 111), a new episode every few steps
     vt_mean = sum(len(s.context) for s in vt) / len(vt)
     sims["videotree"] = sim(vt, len(vt))
-    sweep = {n: ops(64, a.steps, store_fill=n) for n in STORE_SIZES}
-    out = {"bench": "window_ops", "target_us": TARGET_US, "steps": a.steps, "python": platform.python_version(),
+    sweep = {n: ops_median(64, a.steps, a.repeat, store_fill=n) for n in STORE_SIZES}
+    out = {"bench": "window_ops", "target_us": TARGET_US, "steps": a.steps, "repeat": a.repeat,
+           "python": platform.python_version(),
            "cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": "PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py", "ops": rows, "simulate": sims,
+           "command": "PYTHONPATH=. .venv/bin/python bench/bench_window_ops.py", "commit": short_commit(), "ops": rows, "simulate": sims,
            "store_sweep": {"k": 64, "rows": sweep}}
     Path(a.json).write_text(json.dumps(out, indent=1))
-    lines = [f"Window ops on the cost-model backend ({a.steps} sliding steps after 50 warm-up; load average "
-             f"{load0:.1f} before, {out['loadavg_after']:.1f} after; {out['date']})", "",
+    lines = [f"Window ops on the cost-model backend ({a.steps} sliding steps after 50 warm-up; the median of "
+             f"{a.repeat} runs per figure; load average {load0:.1f} before, {out['loadavg_after']:.1f} after; "
+             f"{out['date']}, commit {short_commit()})", "",
              "| k | evict median / p90 us | admit median / p90 us | forward median / p90 us | all ops median us | "
              "simulated steps/min (real Window) |", "|---|---|---|---|---|---|"]
     for k in rows:

@@ -265,3 +265,38 @@ def test_a_survivor_whose_exact_conditioning_is_stored_costs_nothing():
     held.clear()
     held.add(("c", ("b",)))  # c's copy (formed behind the exact b) stands; b itself is repaired
     assert choose_step(view, ["b", "c", "d"], rule).edit_tokens == 16
+
+
+def test_the_planners_survivor_search_stops_at_the_first_context_nothing_is_stored_under(monkeypatch):
+    """A slide of a 64-chunk window: the planner's view hashes the survivors' new contexts only up to the first
+    one nothing is stored under (prefix-closed, as the Window's own search stops there), not the whole window, and
+    still finds what IS stored: after ``prefetch(next=...)`` of the next slide's survivors every survivor is free
+    (the edits run only the new chunk), and without it the plan (repair "all") re-conditions them all: the prefix
+    cache's work, so its plan."""
+    import windowkit.window.window as window_mod
+
+    be = wk.HFBackend(build("tiny-llama"))
+    gen = torch.Generator().manual_seed(0)
+    win = wk.Window(be, prefix=wk.Chunk.text(torch.randint(5, 120, (8,), generator=gen), id="sys"), repair="all")
+    chunks = [wk.Chunk.text(torch.randint(5, 120, (16,), generator=gen), id=f"c{i}") for i in range(70)]
+    win.assign(chunks[:64])
+    win.forward([1, 2])
+    calls = {"n": 0}
+    step = window_mod.context_step
+
+    def counted(h, key):
+        calls["n"] += 1
+        return step(h, key)
+
+    monkeypatch.setattr(window_mod, "context_step", counted)
+    view = win._view(chunks[1:65])
+    from windowkit.window.plan import choose_step
+    c = choose_step(view, [x.id for x in chunks[1:65]], win.repair)
+    assert calls["n"] <= 3, calls  # was one sha256 per survivor (63)
+    assert (c.route, c.edit_tokens) == ("prefill", 16 * 64)  # nothing stored: every survivor re-conditioned
+    win.prefetch(next=[x.id for x in chunks[1:64]])
+    calls["n"] = 0
+    view = win._view(chunks[1:65])
+    c = choose_step(view, [x.id for x in chunks[1:65]], win.repair)
+    assert (c.route, c.edit_tokens) == ("edit", 16)  # every survivor's exact KV is stored: only the new chunk
+    assert calls["n"] <= 64  # each stored context once (shared prefixes hashed once)

@@ -76,7 +76,9 @@ def stale_indices(ids: Sequence[str], antes: Sequence[Optional[Sequence[str]]], 
         stale_indices(["b", "c"], [("a",), ("a", "b")]) == [0, 1]
     """
     end = len(ids) if upto is None else upto
-    return [i for i in range(first, end) if antes[i] is not None and entry_is_stale(antes[i], ids, i)]
+    # entry_is_stale inlined (the planner's per-op scan): a length that differs decides without a slice
+    return [i for i in range(first, end) if (a := antes[i]) is not None
+            and (len(a) != i or tuple(a) != tuple(ids[:i]))]
 
 
 class PatchNotFoundError(ChunkNotFoundError):

@@ -230,6 +230,8 @@ class WindowView:
     tokens: tokens of every chunk id the step may place (live, recalled, new)
     has_canonical(id), has_patch(id, antecedents), has_orbit(id, antecedents), has_exact(id, antecedents): what
             the store holds (has_exact: the chunk's conditioned KV for exactly these antecedents, lazy forming)
+    may_hold(antecedents): False when no patch or conditioned KV is stored for these antecedents or any that
+            extend them (a survivor search stops there; True: unknown, look each up)
     prefix_tokens: tokens of a fixed prefix in front (0: none)
     """
 
@@ -241,6 +243,8 @@ class WindowView:
     has_orbit: Callable[[str, tuple], bool]
     prefix_tokens: int = 0
     has_exact: Callable[[str, tuple], bool] = lambda cid, ante: False  # its exact conditioned KV for this context
+    # False only when nothing is stored under this context nor under any that extends it (prefix-closed)
+    may_hold: Callable[[tuple], bool] = lambda ante: True
 
 
 @dataclass(frozen=True)
@@ -296,6 +300,8 @@ def _refresh_free(view: WindowView, ids: list, ante: list, first: Optional[int])
         cid, new = ids[i], tuple(ids[:i])
         if i == 0 and not view.prefix_tokens:
             free = view.has_canonical(cid)
+        elif not view.may_hold(new):
+            break  # nothing stored for this context, nor for the survivors behind it (theirs extend it)
         else:
             free = (view.has_patch(cid, new) and view.has_canonical(cid)) or view.has_exact(cid, new)
         if free:

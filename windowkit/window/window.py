@@ -41,7 +41,7 @@ from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, Windo
 from windowkit.kv.layout import ChunkKV, concat
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
-from windowkit.graph.dependency import LazyCtx, entry_is_stale
+from windowkit.graph.dependency import LazyCtx, entry_is_stale, stale_indices
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
 from windowkit.window.config import Mode, WindowConfig
@@ -57,7 +57,7 @@ Where = Union[str, int]
 _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
 
 
-_ID, _SPAN = attrgetter("id"), attrgetter("span")  # C-level per-entry reads (map) on the per-op paths
+_ID, _SPAN, _N, _PENDING = attrgetter("id"), attrgetter("span"), attrgetter("n"), attrgetter("pending")  # C-level per-entry reads (map) on the per-op paths
 
 
 def _differs(a: Any, b: Any) -> bool:
@@ -329,7 +329,7 @@ class Window:
 
     @property
     def num_tokens(self) -> int:
-        return sum(e.n for e in self._entries) + (len(self.prefix) if self.prefix is not None else 0)
+        return sum(map(_N, self._entries)) + (len(self.prefix) if self.prefix is not None else 0)
 
     @property
     def next_position(self) -> int:
@@ -344,8 +344,7 @@ class Window:
     def _slots(self) -> list[int]:
         """Index of every entry's first token in the window's KV (prefix included): its start position on 1-D
         RoPE, fewer positions than slots after an image on M-RoPE (what ``backend.recompute(slots=)`` takes)."""
-        out = list(accumulate((e.n for e in self._entries), initial=len(self.prefix) if self.prefix is not None
-                              else 0))
+        out = list(accumulate(map(_N, self._entries), initial=len(self.prefix) if self.prefix is not None else 0))
         out.pop()
         return out
 
@@ -495,16 +494,18 @@ class Window:
             win.assign([frame3, frame4, question])
         """
         wanted = list(chunks)
+        seen = self._known
+        # the chunk objects this window already holds under their ids pass at C speed; the rest are checked
+        for c in [c for c in wanted if seen.get(getattr(c, "id", None)) is not c]:
+            if not isinstance(c, Chunk):
+                raise ChunkError(f"assign expects windowkit.Chunk objects, got {type(c).__name__}")
+            known = seen.get(c.id)  # assign matches chunks by id: one id must mean one content
+            if known is not None and known.content_hash() != c.content_hash():
+                raise ChunkError(f"assign: chunk id {c.id!r} is already known with other content; "
+                                 "give new content a new id")
         want_ids = [c.id for c in wanted]
         if len(set(want_ids)) != len(want_ids):
             raise WindowkitError("assign: duplicate chunk ids")
-        for c in wanted:
-            if not isinstance(c, Chunk):
-                raise ChunkError(f"assign expects windowkit.Chunk objects, got {type(c).__name__}")
-            known = self._known.get(c.id)  # assign matches chunks by id: one id must mean one content
-            if known is not None and known is not c and known.content_hash() != c.content_hash():
-                raise ChunkError(f"assign: chunk id {c.id!r} is already known with other content; "
-                                 "give new content a new id")
         if want_ids == self.ids:
             return []
         self._write_back()  # the last step's conditioned copies (free when the agent flushed between steps)
@@ -542,9 +543,8 @@ class Window:
         # of it as it is then; the chunks behind the first insert are repaired together at the end)
         self._repair_batching, self._repair_pending = True, None
         try:
-            for idx, c in enumerate(wanted):
-                if c.id in self:
-                    continue
+            live = self._live
+            for idx, c in [(i, c) for i, c in enumerate(wanted) if c.id not in live]:
                 if self._exact_budget and self._repair_pending is not None and self._repair_pending < idx:
                     self._flush_repair(idx)  # exact: an insert is conditioned on repaired KV, never on stale KV
                 if c.id in self._known:
@@ -1279,32 +1279,49 @@ class Window:
         tokens = {e.id: e.n for e in self._entries}
         fp = self.backend.fingerprint()
         for c in wanted:
-            tokens.setdefault(c.id, len(c))
-            if c.id not in known and c.id not in new:
-                new[c.id] = chunk_key(c.content_hash(), fp)
+            cid = c.id
+            if cid not in tokens:  # not live (a live chunk is known, its size read)
+                tokens[cid] = len(c)
+                if cid not in known and cid not in new:
+                    new[cid] = chunk_key(c.content_hash(), fp)
         keys = ChainMap(new, known) if new else known
         pk, store, use, lazy = self._prefix_key, self.store, self._use_patches, self._keeps_conditioned
-        memo: dict[tuple, str] = {(): context_root(pk)}
+        hint = self._context_hint()
+        root = context_root(pk)
+        root_h = root if hint is None or root in hint else None
+        trie: dict[str, tuple] = {}  # id -> (context hash, children): the contexts asked for share prefixes
 
-        def ctx(ante: tuple) -> str:  # chained: the contexts asked for are mostly prefixes of one another
-            h = memo.get(ante)
-            if h is None:
-                k = len(ante) - 1
-                while ante[:k] not in memo:
-                    k -= 1
-                h = memo[ante[:k]]
-                for j in range(k, len(ante)):
-                    h = memo[ante[:j + 1]] = context_step(h, keys[ante[j]])
+        def ctx(ante: Sequence[str]) -> Optional[str]:
+            """The context hash of ``ante``; None where nothing is stored under it nor under any context that
+            extends it (not in the prefix-closed hint: past its first unknown prefix nothing is hashed, as
+            ``_refresh_known``'s walk stops there too)."""
+            h, node = root_h, trie
+            for cid in ante:
+                if h is None:
+                    return None
+                got = node.get(cid)
+                if got is None:
+                    nh = context_step(h, keys[cid])
+                    got = node[cid] = (nh if hint is None or nh in hint else None, {})
+                h, node = got
             return h
+
+        def has_patch(cid: str, ante: tuple) -> bool:
+            h = ctx(ante) if use else None
+            return h is not None and store.has_patch(keys[cid], h)
+
+        def has_exact(cid: str, ante: tuple) -> bool:
+            h = ctx(ante) if lazy else None
+            return h is not None and self._has_conditioned(conditioned_key(keys[cid], h))
 
         return WindowView(
             ids=self.ids, ante=[e.ante for e in self._entries], tokens=tokens,
             has_canonical=lambda cid: store.has_canonical(keys[cid]),
-            has_patch=lambda cid, ante: use and store.has_patch(keys[cid], ctx(tuple(ante))),
+            has_patch=has_patch,
             has_orbit=lambda cid, ante: use and store.has_patch(keys[cid], orbit_context_hash([keys[i] for i in ante],
                                                                                              prefix=pk)),
             prefix_tokens=len(self.prefix) if self.prefix is not None else 0,
-            has_exact=lambda cid, ante: lazy and self._has_conditioned(conditioned_key(keys[cid], ctx(tuple(ante)))))
+            has_exact=has_exact, may_hold=lambda ante: ctx(ante) is not None)
 
     def _prefill_route(self, keep: int, wanted: Sequence[Chunk]) -> list[tuple[str, str]]:
         """The prefix cache's plan for a step: keep the first ``keep`` entries as they are, drop the rest, and
@@ -1614,7 +1631,7 @@ class Window:
 
     def _stale(self, entries: list[_Entry], ids: list[str], first: int, upto: int) -> list[int]:
         """Indices in ``first..upto-1`` whose KV was formed on other antecedents than they have now."""
-        return [i for i in range(first, upto) if not entries[i].pending and entry_is_stale(entries[i].ante, ids, i)]
+        return stale_indices(ids, [None if x.pending else x.ante for x in entries], first, upto)
 
     def _repair_pairs(self, entries: list[_Entry], stale: list[int]) -> list[tuple[int, int]]:
         """(index, tokens to recompute from its start) per stale survivor, by the repair rule."""
@@ -1830,19 +1847,20 @@ class Window:
     def _relocate_all(self, entries: Sequence[_Entry], starts: Sequence[int]) -> None:
         """``_kv_at`` for each entry on a backend that never reads the past: the same counts, no tensor work
         (one loop instead of a call per chunk: this is the simulator's hot path)."""
-        if any(e.pending for e in entries):
+        if any(map(_PENDING, entries)):
             self._settle()
-        moved, nbytes = 0, self._rope_bytes_per_token() * 2
+        moved = count = 0
         t0 = time.perf_counter()
         for e, s in zip(entries, starts):
-            if e.kv is None:
-                raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
-            if e.kv_start != s:
+            if e.kv_start != s or e.kv is None:
+                if e.kv is None:
+                    raise KVShapeError(f"chunk {e.id!r} has no KV in mode {self.mode!r}")
                 e.kv_start = s
-                n = e.n
-                moved += n
-                self.stats.relocations += 1
-                self.stats.bytes_moved += nbytes * n
+                moved += e.n
+                count += 1
+        if count:
+            self.stats.relocations += count
+            self.stats.bytes_moved += self._rope_bytes_per_token() * 2 * moved
         if moved:
             self._credit(moved, t0)
 
