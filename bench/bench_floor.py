@@ -1,7 +1,8 @@
 """The floor of every trace the simulator knows, beside every default strategy, and the planner's target.
 
-For each trace (every generator in ``windowkit.trace.generators.GENERATORS``, ``videotree`` and ``videotree-set``,
-each built exactly as ``windowkit simulate NAME`` builds it: ``simulate.load_trace_arg``, default placement) on
+For each trace (every generator in ``windowkit.trace.generators.GENERATORS``, every trace recorded from the example
+agents in ``bench/traces/recorded/``, ``videotree`` and ``videotree-set``, each built exactly as
+``windowkit simulate NAME`` builds it: ``simulate.load_trace_arg``, default placement) on
 each built-in profile (``h100-kamera``, ``cpu-tiny``): total modeled ms and prefill tokens of every default
 strategy (``simulate.DEFAULT_STRATEGIES``: recompute, radix, blind, blend, windowkit, floor), the ratios
 windowkit/radix, windowkit/floor, floor/radix, the target in force ("0.6x radix", or "1.15x floor" where the
@@ -51,9 +52,14 @@ def provenance() -> dict:
             "load_avg_1min_before": os.getloadavg()[0]}
 
 
+RECORDED = ROOT / "bench/traces/recorded"  # traces recorded from the example agents (bench/traces/README.md)
+
+
 def trace_specs(videotree: int | None) -> list[str]:
+    """Every generator, the recorded traces (JSONL paths relative to the checkout), then VideoTree (ordered, set)."""
     vt = "" if videotree is None else f":{videotree}"
-    return list(GENERATORS) + [f"videotree{vt}", f"videotree-set{vt}"]
+    recorded = [str(p.relative_to(ROOT)) for p in sorted(RECORDED.glob("*.jsonl"))]
+    return list(GENERATORS) + recorded + [f"videotree{vt}", f"videotree-set{vt}"]
 
 
 def _window_stats(strats) -> dict:
@@ -67,7 +73,7 @@ def _window_stats(strats) -> dict:
 def run(specs: list[str], profiles=PROFILES) -> list[dict]:
     rows = []
     for spec in specs:
-        trace = load_trace_arg(spec)
+        trace = load_trace_arg(str(ROOT / spec) if spec.endswith(".jsonl") else spec)
         for prof in profiles:
             t0 = time.perf_counter()
             strats = make_strategies(DEFAULT_STRATEGIES)

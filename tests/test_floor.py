@@ -102,7 +102,7 @@ def _assert_lower_bound(res):
         assert all(a <= b * (1 + 1e-9) for a, b in zip(f_ms, ms)), (res.trace_name, name)
 
 
-SMALL = {"sliding-3": {"steps": 40}, "grow-interleave": {"episodes": 12}, "append-zoom": {"episodes": 12},
+SMALL = {"sliding-3": {"steps": 40}, "sliding-3-clipped": {"steps": 40}, "grow-interleave": {"episodes": 12}, "append-zoom": {"episodes": 12},
          "random-lookback": {"steps": 40}, "grow-interleave-set": {"episodes": 12},
          "grow-interleave-set-small": {"episodes": 12}, "random-lookback-set": {"steps": 40}}
 
@@ -195,6 +195,8 @@ def test_bench_floor_rows_and_table():
     spec.loader.exec_module(bench)
     specs = bench.trace_specs(4)
     assert specs[-2:] == ["videotree:4", "videotree-set:4"] and set(GENERATORS) <= set(specs)
+    recorded = [s for s in specs if s.endswith(".jsonl")]
+    assert len(recorded) >= 4 and all(s.startswith("bench/traces/recorded/") for s in recorded)
     (row,) = bench.run(["append-zoom"], profiles=("cpu-tiny",))
     # (windowkit's own numbers follow the Window's defaults: only their consistency is checked here)
     assert row["target"] == "1.15x floor" and row["ratios"]["floor/radix"] == 1.0

@@ -2,6 +2,8 @@
 
   sliding_window    WebVoyager / OSWorld: task prompt + the last k screenshots (k=3); each screenshot is
                     read on k consecutive steps, then never again.
+  sliding_clipped   WebVoyager's context rule: the last k screenshots, every older observation clipped to its
+                    text in the place its screenshot held (the prefix breaks where the newest clip lands).
   grow_interleave   VideoAgent: 5 uniform frames, then up to 2 retrieval rounds; all frames re-sent sorted
                     by time, so new frames land *between* old ones and prefixes break (mean ~8.4 frames).
   append_zoom       LOVE-R1: a fast low-res pass over the video, then zoom clips appended after the
@@ -51,6 +53,36 @@ def sliding_window(steps: int = 100, k: int = 3, *, shot_tokens: int = 765, task
         ep += 1
     return Trace(out, name=f"sliding-{k}", meta={"generator": "sliding_window", "k": k, "shot_tokens": shot_tokens,
                                                 "task_tokens": task_tokens, "episodes": ep, "seed": seed})
+
+
+def sliding_clipped(steps: int = 100, k: int = 3, *, shot_tokens: int = 765, text_tokens: int = 96,
+                    task_tokens: int = 64, episode_len: tuple[int, int] = (3, 12), max_text: Optional[int] = None,
+                    query_tokens: int = 32, seed: int = 0) -> Trace:
+    """WebVoyager's own context rule: step t holds [task, text_0..text_{t-k}, shot_{t-k+1..t}]: the last ``k``
+    observations as screenshots, every older one clipped to its text (its thought / action / page text, a new
+    chunk of ``text_tokens``) in the place its screenshot held. Each step the observation that leaves the last k
+    turns into text where it stood, so a prefix cache keeps only the task and the older texts and re-prefills the
+    new text and all k screenshots; the survivors' own KV is conditioned on a screenshot that is now text.
+    ``max_text``: keep at most that many texts (the oldest drop off the front; None: all of the episode).
+
+        t = sliding_clipped(steps=20)   # name "sliding-3-clipped"
+    """
+    rng = random.Random(seed)
+    out: list[Step] = []
+    ep = 0
+    while len(out) < steps:
+        n = rng.randint(*episode_len)
+        task = _txt(f"c{ep}/task", task_tokens)
+        for t in range(min(n, steps - len(out))):
+            first_shot = max(0, t - k + 1)
+            lo = 0 if max_text is None else max(0, first_shot - max_text)
+            texts = [_txt(f"c{ep}/text{j}", text_tokens) for j in range(lo, first_shot)]
+            shots = [_img(f"c{ep}/shot{j}", shot_tokens) for j in range(first_shot, t + 1)]
+            out.append(Step(step=len(out), context=[task] + texts + shots, query_tokens=query_tokens))
+        ep += 1
+    return Trace(out, name=f"sliding-{k}-clipped",
+                 meta={"generator": "sliding_clipped", "k": k, "shot_tokens": shot_tokens, "text_tokens": text_tokens,
+                       "task_tokens": task_tokens, "max_text": max_text, "episodes": ep, "seed": seed})
 
 
 def grow_interleave(episodes: int = 50, *, video_frames: int = 180, start_frames: int = 5, rounds: int = 2,
@@ -158,11 +190,12 @@ def random_lookback_set(steps: int = 100, **kw) -> Trace:
     return random_lookback(steps, ordered=False, **kw)
 
 
-GENERATORS = {"sliding-3": sliding_window, "grow-interleave": grow_interleave, "append-zoom": append_zoom,
+GENERATORS = {"sliding-3": sliding_window, "sliding-3-clipped": sliding_clipped, "grow-interleave": grow_interleave,
+              "append-zoom": append_zoom,
               "random-lookback": random_lookback,
               # unordered variants (``ordered: false`` steps; a placement policy chooses the order)
               "grow-interleave-set": grow_interleave_set, "grow-interleave-set-small": grow_interleave_set_small,
               "random-lookback-set": random_lookback_set}
 
-__all__ = ["sliding_window", "grow_interleave", "append_zoom", "random_lookback", "grow_interleave_set",
+__all__ = ["sliding_window", "sliding_clipped", "grow_interleave", "append_zoom", "random_lookback", "grow_interleave_set",
            "grow_interleave_set_small", "random_lookback_set", "GENERATORS"]
