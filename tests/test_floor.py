@@ -204,5 +204,8 @@ def test_bench_floor_rows_and_table():
     wk, fl = row["strategies"]["windowkit"], row["strategies"]["floor"]
     assert row["windowkit_prefill_above_floor"] == wk["prefill_tokens"] - fl["prefill_tokens"] >= 0
     assert row["windowkit_over_target"] == pytest.approx(wk["total_ms"] / row["target_ms"] - 1)
+    ahead = row["strategies"]["windowkit-ahead"]  # append-only: nothing to prepare between steps
+    assert ahead["idle_tokens"] == 0 and ahead["prefill_tokens"] == fl["prefill_tokens"]
     md = bench.markdown([row])
+    assert "| ahead meets |" in md.splitlines()[0]
     assert md.splitlines()[2].startswith("| append-zoom | cpu-tiny | 154 |") and "| 1.15x floor |" in md

@@ -294,3 +294,36 @@ def test_bad_strategy_knobs_raise_windowkit_errors(kw):
 
     with pytest.raises(WindowkitError):
         simulate(T, P, [WindowkitStrategy(**kw)], progress=False)
+
+
+def test_windowkit_ahead_moves_the_survivors_conditioning_between_steps():
+    """``windowkit-ahead`` (an agent that calls ``prefetch(next=...)`` with the next step's surviving chunks) on a
+    sliding window: each step then prefills only what is new and the query, the floor's tokens exactly, and the
+    preparation between steps prefills the survivors in their new context: with the step, the prefix cache's
+    tokens exactly (it re-prefills the survivors on the step). Every slide takes the prepared route."""
+    trace = sliding_window(steps=40, k=3)
+    res = simulate(trace, "h100-kamera", ["radix", "windowkit", "windowkit-ahead", "floor"], progress=False)
+    ahead, wk = res.totals("windowkit-ahead"), res.totals("windowkit")
+    radix, floor = res.totals("radix"), res.totals("floor")
+    assert ahead["prefill_tokens"] == floor["prefill_tokens"]
+    assert ahead["prefill_tokens"] + ahead["idle_tokens"] == radix["prefill_tokens"]
+    assert ahead["idle_tokens"] > 0 and ahead["idle_ms"] > 0 and wk["idle_tokens"] == 0 == wk["idle_ms"]
+    assert ahead["total_ms"] < wk["total_ms"]
+    assert ahead["total_ms"] == pytest.approx(floor["total_ms"], rel=1e-9)  # relocations of prepared KV: none
+    # look-backs: a guess is the next step's leading run of live chunks (a recall in front ends it)
+    lb = simulate(random_lookback(steps=40), "cpu-tiny", ["windowkit", "windowkit-ahead", "floor"], progress=False)
+    assert lb.totals("floor")["total_ms"] <= lb.totals("windowkit-ahead")["total_ms"] <= lb.totals("windowkit")["total_ms"]
+
+
+def test_a_cost_model_window_takes_the_prepared_route_after_prefetch():
+    be = CostModelBackend()
+    win = __import__("windowkit").Window(be, prefix=be.chunk("sys", 8, "text"))
+    cs = [be.chunk(f"s{i}", 32, "image") for i in range(5)]
+    win.assign(cs[:3])
+    win.forward([1, 2])
+    assert win.prefetch(next=win.ids[1:]) == {"prefilled": 64}  # both survivors, in their new contexts
+    p0 = win.stats.prefill_tokens
+    win.assign(cs[1:4])
+    win.forward([1, 2])
+    assert win.stats.prefill_tokens - p0 == 32 and win.last_choice.route == "edit"  # only the new chunk
+    assert win.stale_ids() == []

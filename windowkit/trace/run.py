@@ -40,6 +40,9 @@ STRATEGIES: dict[str, Callable[[], Strategy]] = {
     # opt-in: deferred forming without survivor repair (fidelity="fast") / with full repair (fidelity="exact")
     "windowkit-fast-fidelity": lambda: WindowkitStrategy(fidelity="fast", name="windowkit-fast-fidelity"),
     "windowkit-exact-fidelity": lambda: WindowkitStrategy(fidelity="exact", name="windowkit-exact-fidelity"),
+    # the defaults, and the agent prepares the next step's survivors between steps (prefetch(next=...)): its
+    # critical path in total_ms, the preparation in idle_ms
+    "windowkit-ahead": lambda: WindowkitStrategy(anticipate=True, name="windowkit-ahead"),
     # the lower bound: each chunk prefilled once at its first appearance + the queries (windowkit/trace/floor.py)
     "floor": FloorStrategy,
 }

@@ -60,6 +60,10 @@ class StepCost:
     patch_applies: int = 0
     relocations: int = 0
     binding_risk: int = 0
+    # work between this step and the next, off the step's critical path (not in total_ms): an anticipating
+    # Window's ``prefetch(next=...)`` of the next step's survivors (WindowkitStrategy(anticipate=True))
+    idle_ms: float = 0.0
+    idle_tokens: int = 0
     bytes_held: int = 0
 
     @property
@@ -326,6 +330,11 @@ class WindowkitStrategy(Strategy):
     charged from the step's stats deltas. ``binding_risk`` counts chunks kept as-is whose conditioning
     was formed on other antecedents (``plan()``'s refresh-patch edits), after the refresh policy ran.
 
+    anticipate: after each step, ``win.prefetch(next=...)`` of the chunks the next step opens with that are in the
+              window now (its leading run of them, in its order): what an agent that knows its own sliding rule
+              prepares between steps (``LongVideoAgent(anticipate=True)``). A guess is never wrong here (the trace
+              says what comes), so a wrong guess's idle cost is not modeled; the critical path is. The prefetch's
+              cost is booked as ``idle_ms`` / ``idle_tokens`` of the step before, not in its ``total_ms``.
     store_budget_bytes: bound the store (None: unbounded); the fake KV is 16 bytes per token
     store_policy: its eviction policy: None / "lru", "lfu", "fifo", "size" (= "gds", GreedyDual-Size),
               "belady" (offline OPT: its future is filled from the trace in ``prepare``), or an instance
@@ -339,9 +348,10 @@ class WindowkitStrategy(Strategy):
 
     def __init__(self, rank: int = 32, mode: str = "patch", store_budget_bytes: Optional[int] = None,
                  vision_cache: bool = True, name: str = "windowkit", store_policy: Any = None,
-                 refresh: Any = None, **window_kw: Any):
+                 refresh: Any = None, anticipate: bool = False, **window_kw: Any):
         self.rank, self.mode, self.budget, self.vision_cache = rank, mode, store_budget_bytes, vision_cache
-        self.name = name
+        self.name, self.anticipate = name, bool(anticipate)
+        self._orders: Sequence[Sequence[ChunkRef]] = ()
         self.store_policy, self.refresh = store_policy, refresh
         self.window_kw = window_kw  # passed to Window(...), e.g. form="eager", repair="sink:8", svd="randomized"
         check_store_options(self)
@@ -374,6 +384,7 @@ class WindowkitStrategy(Strategy):
         pol = self.store.policy
         if hasattr(pol, "set_future"):
             pol.set_future(self.reads(steps, orders))
+        self._orders = list(orders) if self.anticipate else ()
 
     def reads(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]],
               profile: Optional[CostProfile] = None) -> dict[tuple, list[int]]:
@@ -430,10 +441,30 @@ class WindowkitStrategy(Strategy):
         c.vision_encodes = led.vision_encodes - l0.vision_encodes
         if self.mode == "patch":
             c.binding_risk = len(win.stale_ids())  # plan()'s refresh-patch edits, without scoring them
+        if self.anticipate and self._t < len(self._orders):
+            self._prepare_next(c, self._orders[self._t])
         p = self.p
         c.bytes_held = ((store.canon_sum + win.num_tokens) * p.kv_bytes_per_token
                         + store.patch_sum * p.patch_bytes_per_token)
         return c
+
+
+def _anticipate_step(strategy: "WindowkitStrategy", c: StepCost, nxt: Sequence[ChunkRef]) -> None:
+    """``win.prefetch(next=...)`` of the next step's leading chunks that are live now, booked as ``c``'s idle work."""
+    win, led = strategy.win, strategy.backend.ledger
+    guess = []
+    for x in nxt:
+        if x.id not in win:
+            break
+        guess.append(x.id)
+    l0, st0 = led.copy(), win.stats.reused_tokens
+    win.prefetch(next=guess)
+    c.idle_tokens = led.prefill_tokens - l0.prefill_tokens
+    c.idle_ms = (led.prefill_ms - l0.prefill_ms + led.vision_ms - l0.vision_ms
+                 + strategy.backend.charge_reuse(win.stats.reused_tokens - st0, 0, 0))
+
+
+WindowkitStrategy._prepare_next = _anticipate_step  # type: ignore[attr-defined]
 
 
 def check_store_options(s: Any) -> None:

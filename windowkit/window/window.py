@@ -948,7 +948,7 @@ class Window:
         chunks = [self.chunk(i) for i in ids]  # ChunkNotFoundError for an id this window never saw
         self._ready = None  # a new guess replaces the last one
         p0 = self.stats.prefill_tokens
-        if not self._keeps_conditioned or not self._needs_past or not ids:
+        if not self._keeps_conditioned or not ids:
             return {"prefilled": 0}
         live = {e.id: e for e in self._entries}
         cur = self.ids
@@ -969,9 +969,10 @@ class Window:
         if f is None:
             return {"prefilled": 0}
         parts = [self._prefix_kv] if self._prefix_kv is not None else []
-        for j in range(f):  # what is in front of the first missing one, placed where the next window holds it
-            kv, at = have[j]
-            parts.append(place(kv, starts[j] - at, self.backend.rope))
+        if self._needs_past:  # (a cost model books the forward's tokens only: no past to assemble)
+            for j in range(f):  # what is in front of the first missing one, placed where the next window holds it
+                kv, at = have[j]
+                parts.append(place(kv, starts[j] - at, self.backend.rope))
         res = self._run(chunks[f:], starts[f], concat(parts) if parts else None)
         off, made, ctxs = 0, [], []
         for j in range(f, len(ids)):
@@ -992,7 +993,7 @@ class Window:
                 j >= f or (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending)
                 for j in range(len(ids))):
             self._ready = (tuple(ids), self._version, [None] * f + list(zip(made, starts[f:], ctxs)))
-        if f == 0 and self.prefix is not None:  # the whole past of the next step's first new chunk, assembled now
+        if f == 0 and self.prefix is not None and self._needs_past:  # the next step's first new chunk's whole past
             self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
         self._write_back()
         self._step_p0 = self.stats.prefill_tokens  # between steps: not the next step's spending
