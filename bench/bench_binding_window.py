@@ -1,7 +1,7 @@
 """The binding model's sliding window (issue 18's binding target): multi-hop accuracy and time, windowkit's repair
 rules against exact re-prefill and a prefix cache, over several synthetic videos.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_binding_window.py                     # 5 videos x 60 steps, ~1 min
+    PYTHONPATH=. .venv/bin/python bench/bench_binding_window.py                     # 5 videos x 60 steps, ~80 s
     PYTHONPATH=. .venv/bin/python bench/bench_binding_window.py --seeds 0,1 --rules default,all
 
 Each video is the long-video example's (``agents.long_video.binding_video``: 60 frames of 7 tokens, a window of
@@ -149,7 +149,7 @@ def floor_line(floors: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2,3,4", help="binding videos")
-    ap.add_argument("--rules", default="default,all,head,none", help="'default' or repair specs, comma-separated")
+    ap.add_argument("--rules", default="default,ahead,all,head,none", help="'default', 'ahead' or repair specs, comma-separated")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=str(ROOT / "bench/results/binding_window.json"))
     ap.add_argument("--md", default=str(ROOT / "bench/results/binding_window.md"))
