@@ -35,22 +35,31 @@ def _txt(cid: str, tokens: int) -> ChunkRef:
     return ChunkRef(id=cid, tokens=tokens, kind="text")
 
 
+def _episodes(steps: int, episode_len: tuple[int, int], rng: random.Random, context, **step_kw) -> tuple[list[Step], int]:
+    """``steps`` steps in episodes of ``episode_len`` (uniform, inclusive) steps each: step t of episode ep holds
+    ``context(ep, t)`` (which may draw from ``rng`` too, after the episode's length). Returns the steps and the
+    number of episodes begun."""
+    out: list[Step] = []
+    ep = 0
+    while len(out) < steps:
+        n = rng.randint(*episode_len)
+        for t in range(min(n, steps - len(out))):
+            out.append(Step(step=len(out), context=context(ep, t), **step_kw))
+        ep += 1
+    return out, ep
+
+
 def sliding_window(steps: int = 100, k: int = 3, *, shot_tokens: int = 765, task_tokens: int = 64,
                    episode_len: tuple[int, int] = (3, 12), query_tokens: int = 32, seed: int = 0) -> Trace:
     """Episodes of ``episode_len`` (uniform, inclusive) steps; step t holds [task, shot_{t-k+1..t}].
 
         t = sliding_window(steps=20, k=3)   # WebVoyager: 765-token screenshots, 3-12 steps per task
     """
-    rng = random.Random(seed)
-    out: list[Step] = []
-    ep = 0
-    while len(out) < steps:
-        n = rng.randint(*episode_len)
-        task = _txt(f"e{ep}/task", task_tokens)
-        for t in range(min(n, steps - len(out))):
-            shots = [_img(f"e{ep}/shot{j}", shot_tokens) for j in range(max(0, t - k + 1), t + 1)]
-            out.append(Step(step=len(out), context=[task] + shots, query_tokens=query_tokens))
-        ep += 1
+    def context(ep: int, t: int) -> list[ChunkRef]:
+        return [_txt(f"e{ep}/task", task_tokens)] + [_img(f"e{ep}/shot{j}", shot_tokens)
+                                                     for j in range(max(0, t - k + 1), t + 1)]
+
+    out, ep = _episodes(steps, episode_len, random.Random(seed), context, query_tokens=query_tokens)
     return Trace(out, name=f"sliding-{k}", meta={"generator": "sliding_window", "k": k, "shot_tokens": shot_tokens,
                                                 "task_tokens": task_tokens, "episodes": ep, "seed": seed})
 
@@ -67,19 +76,13 @@ def sliding_clipped(steps: int = 100, k: int = 3, *, shot_tokens: int = 765, tex
 
         t = sliding_clipped(steps=20)   # name "sliding-3-clipped"
     """
-    rng = random.Random(seed)
-    out: list[Step] = []
-    ep = 0
-    while len(out) < steps:
-        n = rng.randint(*episode_len)
-        task = _txt(f"c{ep}/task", task_tokens)
-        for t in range(min(n, steps - len(out))):
-            first_shot = max(0, t - k + 1)
-            lo = 0 if max_text is None else max(0, first_shot - max_text)
-            texts = [_txt(f"c{ep}/text{j}", text_tokens) for j in range(lo, first_shot)]
-            shots = [_img(f"c{ep}/shot{j}", shot_tokens) for j in range(first_shot, t + 1)]
-            out.append(Step(step=len(out), context=[task] + texts + shots, query_tokens=query_tokens))
-        ep += 1
+    def context(ep: int, t: int) -> list[ChunkRef]:
+        first_shot = max(0, t - k + 1)
+        lo = 0 if max_text is None else max(0, first_shot - max_text)
+        return ([_txt(f"c{ep}/task", task_tokens)] + [_txt(f"c{ep}/text{j}", text_tokens) for j in range(lo, first_shot)]
+                + [_img(f"c{ep}/shot{j}", shot_tokens) for j in range(first_shot, t + 1)])
+
+    out, ep = _episodes(steps, episode_len, random.Random(seed), context, query_tokens=query_tokens)
     return Trace(out, name=f"sliding-{k}-clipped",
                  meta={"generator": "sliding_clipped", "k": k, "shot_tokens": shot_tokens, "text_tokens": text_tokens,
                        "task_tokens": task_tokens, "max_text": max_text, "episodes": ep, "seed": seed})
@@ -151,19 +154,16 @@ def random_lookback(steps: int = 100, *, p: float = 0.3, shot_tokens: int = 765,
         t = random_lookback(steps=100, ordered=False)   # name "random-lookback-set"
     """
     rng = random.Random(seed)
-    out: list[Step] = []
-    ep = 0
-    while len(out) < steps:
-        n = rng.randint(*episode_len)
-        task = _txt(f"u{ep}/task", task_tokens)
-        for t in range(min(n, steps - len(out))):
-            lo = 0 if max_captions is None else max(0, t - max_captions)
-            caps = [_txt(f"u{ep}/cap{j}", caption_tokens) for j in range(lo, t)]
-            ctx = [task] + caps + [_img(f"u{ep}/shot{t}", shot_tokens)]
-            if t > 0 and rng.random() < p:
-                ctx.append(_img(f"u{ep}/shot{rng.randrange(t)}", shot_tokens))
-            out.append(Step(step=len(out), context=ctx, query_tokens=query_tokens, ordered=ordered))
-        ep += 1
+
+    def context(ep: int, t: int) -> list[ChunkRef]:
+        lo = 0 if max_captions is None else max(0, t - max_captions)
+        ctx = ([_txt(f"u{ep}/task", task_tokens)] + [_txt(f"u{ep}/cap{j}", caption_tokens) for j in range(lo, t)]
+               + [_img(f"u{ep}/shot{t}", shot_tokens)])
+        if t > 0 and rng.random() < p:
+            ctx.append(_img(f"u{ep}/shot{rng.randrange(t)}", shot_tokens))
+        return ctx
+
+    out, ep = _episodes(steps, episode_len, rng, context, query_tokens=query_tokens, ordered=ordered)
     return Trace(out, name="random-lookback" + ("" if ordered else "-set"),
                  meta={"generator": "random_lookback", "p": p, "episodes": ep, "shot_tokens": shot_tokens,
                        "seed": seed, "ordered": ordered})
