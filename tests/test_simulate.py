@@ -310,6 +310,9 @@ def test_windowkit_ahead_moves_the_survivors_conditioning_between_steps():
     assert ahead["idle_tokens"] > 0 and ahead["idle_ms"] > 0 and wk["idle_tokens"] == 0 == wk["idle_ms"]
     assert ahead["total_ms"] < wk["total_ms"]
     assert ahead["total_ms"] == pytest.approx(floor["total_ms"], rel=1e-9)  # relocations of prepared KV: none
+    row = next(line for line in res.table().splitlines() if line.startswith("| windowkit-ahead |"))
+    assert f"| {ahead['idle_ms']:.1f} |" in row  # the table shows the work between steps beside the steps' own
+    assert "idle_ms" not in simulate(trace, "h100-kamera", ["radix", "windowkit"], progress=False).table()
     # look-backs: a guess is the next step's leading run of live chunks (a recall in front ends it)
     lb = simulate(random_lookback(steps=40), "cpu-tiny", ["windowkit", "windowkit-ahead", "floor"], progress=False)
     assert lb.totals("floor")["total_ms"] <= lb.totals("windowkit-ahead")["total_ms"] <= lb.totals("windowkit")["total_ms"]
