@@ -8,7 +8,7 @@ strategy (``simulate.DEFAULT_STRATEGIES``: recompute, radix, blind, blend, windo
 windowkit/radix, windowkit/floor, floor/radix, the target in force ("0.6x radix", or "1.15x floor" where the
 floor is above 0.6x radix) and which strategies meet it.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_floor.py            # all 500 VideoTree questions: 5-7 min, 1 thread
+    PYTHONPATH=. .venv/bin/python bench/bench_floor.py            # all 500 VideoTree questions: ~1 min, 1 thread
     PYTHONPATH=. .venv/bin/python bench/bench_floor.py --quick    # VideoTree's first 30 questions (~1-2 min)
 
 Writes ``bench/results/floor.json`` (``--json``) and ``bench/results/floor.md`` (the table printed at the end).

@@ -448,23 +448,20 @@ class WindowkitStrategy(Strategy):
                         + store.patch_sum * p.patch_bytes_per_token)
         return c
 
-
-def _anticipate_step(strategy: "WindowkitStrategy", c: StepCost, nxt: Sequence[ChunkRef]) -> None:
-    """``win.prefetch(next=...)`` of the next step's leading chunks that are live now, booked as ``c``'s idle work."""
-    win, led = strategy.win, strategy.backend.ledger
-    guess = []
-    for x in nxt:
-        if x.id not in win:
-            break
-        guess.append(x.id)
-    l0, st0 = led.copy(), win.stats.reused_tokens
-    win.prefetch(next=guess)
-    c.idle_tokens = led.prefill_tokens - l0.prefill_tokens
-    c.idle_ms = (led.prefill_ms - l0.prefill_ms + led.vision_ms - l0.vision_ms
-                 + strategy.backend.charge_reuse(win.stats.reused_tokens - st0, 0, 0))
-
-
-WindowkitStrategy._prepare_next = _anticipate_step  # type: ignore[attr-defined]
+    def _prepare_next(self, c: StepCost, nxt: Sequence[ChunkRef]) -> None:
+        """``win.prefetch(next=...)`` of the next step's leading chunks that are live now, booked as ``c``'s idle
+        work (the next step's ledger snapshot is taken after it, so its own cost does not hold it)."""
+        win, led = self.win, self.backend.ledger
+        guess = []
+        for x in nxt:
+            if x.id not in win:
+                break
+            guess.append(x.id)
+        l0, st0 = led.copy(), win.stats.reused_tokens
+        win.prefetch(next=guess)
+        c.idle_tokens = led.prefill_tokens - l0.prefill_tokens
+        c.idle_ms = (led.prefill_ms - l0.prefill_ms + led.vision_ms - l0.vision_ms
+                     + self.backend.charge_reuse(win.stats.reused_tokens - st0, 0, 0))
 
 
 def check_store_options(s: Any) -> None:

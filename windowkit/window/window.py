@@ -57,7 +57,8 @@ Where = Union[str, int]
 _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.WeakKeyDictionary()
 
 
-_ID, _SPAN, _N, _PENDING = attrgetter("id"), attrgetter("span"), attrgetter("n"), attrgetter("pending")  # C-level per-entry reads (map) on the per-op paths
+# C-level per-entry reads (map) on the per-op paths
+_ID, _SPAN, _N, _PENDING = attrgetter("id"), attrgetter("span"), attrgetter("n"), attrgetter("pending")
 
 
 def _differs(a: Any, b: Any) -> bool:
