@@ -179,6 +179,7 @@ class TextReaderAgent:
         self.backend = engine.kv_backend if engine is not None else HFBackend(model)
         self.codec = TextCodec(tok)
         self.prefix = self.codec.prefix()
+        self.recorder = None  # a TraceRecorder: each step's window is recorded after its answer (untimed)
 
     def run(self, log: Log, on_step: Optional[Callable[[StepRow], None]] = None) -> TextReport:
         if not log.plan:
@@ -219,6 +220,8 @@ class TextReaderAgent:
                 a.logits = win.last_logits
                 ms = (time.perf_counter() - t0) * 1e3
                 tokens = win.stats.prefill_tokens - p0 + len(q)
+            if self.recorder is not None:  # outside the timed part
+                self.recorder.record(win, query_tokens=len(q))
             t0 = time.perf_counter()
             win.flush()  # between steps: the exact conditioned copies this step keeps go to the store now
             idle_ms = (time.perf_counter() - t0) * 1e3

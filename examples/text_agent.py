@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python examples/text_agent.py                    # SmolLM2-135M, k=5, 10 steps
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --steps 20 --k 6
+    PYTHONPATH=. .venv/bin/python examples/text_agent.py --record text.jsonl   # also write the steps as a trace
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --model /path/to/local/chat-checkpoint
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --engine sglang --steps 4 --k 3   # a live SGLang Engine
 
@@ -34,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", choices=("hf", "sglang"), default="hf",
                     help="what answers on the windowkit window: transformers (default) or a live SGLang Engine on CPU")
     ap.add_argument("--page-size", type=int, default=16, help="SGLang's page size (with --engine sglang)")
+    ap.add_argument("--record", default=None, metavar="PATH",
+                    help="write each step's window as a JSONL trace (replay: windowkit simulate PATH)")
     args = ap.parse_args(argv)
     if args.k < 1 or args.steps < 1 or args.lookback_every < 2 or args.threads < 1 or args.page_size < 1:
         ap.error("--k, --steps, --threads and --page-size must be >= 1 and --lookback-every >= 2")
@@ -73,7 +76,14 @@ def main(argv=None) -> int:
         log = make_log(args.seed, args.steps, args.k, lookback_every=args.lookback_every)
         print(f"model {args.model} | engine {args.engine} | log of {len(log.texts)} entries | window k={args.k} | "
               f"{args.steps} steps, a look-back every {args.lookback_every}")
-        report = agent.run(log)
+        if args.record:
+            from windowkit.trace import TraceRecorder
+
+            with TraceRecorder(args.record) as agent.recorder:
+                report = agent.run(log)
+            print(f"trace: {len(report.steps)} steps written to {args.record} (replay: windowkit simulate {args.record})")
+        else:
+            report = agent.run(log)
     except (WindowkitError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
