@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from agents.text_reader import Log, TextReaderAgent, format_table, make_log
+from agents.text_reader import Log, TextCodec, TextReaderAgent, format_table, make_log
 from windowkit.models.load import load_model
 from windowkit.benchmarks import real, real_tasks
 from windowkit.errors import ChunkError, WindowkitError
@@ -34,9 +34,34 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def report(model, tok):
+def recorded(tmp_path_factory):
+    return tmp_path_factory.mktemp("trace") / "text.jsonl"
+
+
+@pytest.fixture(scope="module")
+def report(model, tok, recorded):
+    from windowkit.trace import TraceRecorder
+
     agent = TextReaderAgent(model, tok, k=K)
-    return agent.run(make_log(seed=0, steps=STEPS, k=K, n_filler=2, lookback_every=2, reach=1))
+    with TraceRecorder(recorded) as agent.recorder:  # examples/text_agent.py --record
+        return agent.run(make_log(seed=0, steps=STEPS, k=K, n_filler=2, lookback_every=2, reach=1))
+
+
+def test_the_recorded_trace_holds_each_steps_window(report, recorded, tok) -> None:
+    """Each recorded step is the window the agent answered on: its entries in order with their token counts (the
+    window's ids less the fixed prefix) and the question's length; the simulator replays it."""
+    from windowkit.trace import read_trace, simulate
+
+    trace = read_trace(recorded)
+    assert len(trace.steps) == len(report.steps)
+    prefix = len(TextCodec(tok).prefix())  # the Window's fixed prefix: not recorded (it never moves)
+    for step, row in zip(trace.steps, report.steps):
+        assert [c.id for c in step.context] == [f"entry-{i}" for i in row.entries]
+        assert sum(c.tokens for c in step.context) == len(row.window_ids) - prefix
+        assert step.query_tokens == len(row.query_ids)
+    res = simulate(trace, "cpu-tiny", ["radix", "windowkit", "floor"], progress=False)
+    assert res.totals("floor")["prefill_tokens"] <= res.totals("windowkit")["prefill_tokens"] \
+        <= res.totals("radix")["prefill_tokens"]
 
 
 def test_exact_window_equals_transformers_forward(model, tok, report) -> None:
