@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from windowkit import Window
 from windowkit.trace import ChunkRef, CostModelBackend, Step, Trace, simulate
 from windowkit.trace.generators import grow_interleave, random_lookback, sliding_window
 from windowkit.trace.simulate import resolve_orders
@@ -319,8 +320,10 @@ def test_windowkit_ahead_moves_the_survivors_conditioning_between_steps():
 
 
 def test_a_cost_model_window_takes_the_prepared_route_after_prefetch():
+    """``prefetch(next=...)`` on the cost-model backend books the survivors' conditioned prefill, and the slide it
+    prepared then prefills only the new chunk, its survivors exact (what the simulator's windowkit-ahead charges)."""
     be = CostModelBackend()
-    win = __import__("windowkit").Window(be, prefix=be.chunk("sys", 8, "text"))
+    win = Window(be, prefix=be.chunk("sys", 8, "text"))
     cs = [be.chunk(f"s{i}", 32, "image") for i in range(5)]
     win.assign(cs[:3])
     win.forward([1, 2])
