@@ -31,7 +31,7 @@ from collections import ChainMap, deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -59,6 +59,31 @@ _CONTEXT_HINTS: "weakref.WeakKeyDictionary[ChunkStore, set[str]]" = weakref.Weak
 
 # C-level per-entry reads (map) on the per-op paths
 _ID, _SPAN, _N, _PENDING = attrgetter("id"), attrgetter("span"), attrgetter("n"), attrgetter("pending")
+
+
+class _KnownContexts:
+    """Context hashes of antecedent id sequences, walked along ``_CONTEXT_HINTS``: ``get(ante)`` is the chain
+    hash of ``ante`` (``context_step`` from ``root`` over the chunks' keys), or None where a prefix of it is not a
+    known context, so nothing is stored under it nor under any context that extends it (the walk stops there,
+    as ``_refresh_known``'s does). ``hint`` None (a store that may hold what this process never wrote): every
+    context is hashed. The contexts asked for share prefixes: each is hashed once (a trie by chunk id)."""
+
+    def __init__(self, root: str, keys: Mapping[str, str], hint: Optional[set[str]]):
+        self.keys, self.hint = keys, hint
+        self.root = root if hint is None or root in hint else None
+        self.trie: dict[str, tuple] = {}  # id -> (context hash or None, children)
+
+    def get(self, ante: Sequence[str]) -> Optional[str]:
+        h, node, keys, hint = self.root, self.trie, self.keys, self.hint
+        for cid in ante:
+            if h is None:
+                return None
+            got = node.get(cid)
+            if got is None:
+                nh = context_step(h, keys[cid])
+                got = node[cid] = (nh if hint is None or nh in hint else None, {})
+            h, node = got
+        return h
 
 
 def _differs(a: Any, b: Any) -> bool:
@@ -1184,18 +1209,12 @@ class Window:
         if hint is None or (self._use_patches and self.store._may_hold_patch(e.key)):
             return self._ctx(ante)
         if self._keeps_conditioned:  # _conditioned looks up only a known context
-            h = context_root(self._prefix_key)
-            if h in hint:
-                keys = self._keys
-                for cid in ante:
-                    h = context_step(h, keys[cid])
-                    if h not in hint:
-                        break
-                else:  # a known context: the walk hashed it
-                    if len(self._ctx_memo) > 4096:
-                        self._ctx_memo.clear()
-                    self._ctx_memo[ante] = h
-                    return h
+            h = _KnownContexts(context_root(self._prefix_key), self._keys, hint).get(ante)
+            if h is not None:  # a known context: the walk hashed it
+                if len(self._ctx_memo) > 4096:
+                    self._ctx_memo.clear()
+                self._ctx_memo[ante] = h
+                return h
         return LazyCtx(context_hash, list(map(self._keys.__getitem__, ante)), self._prefix_key)
 
     def _append_known(self, new: Sequence[Chunk], pending: bool) -> list[tuple[str, str]]:
@@ -1240,8 +1259,8 @@ class Window:
         r = len(ids)
         if not r or tuple(want_ids[:r]) != ids:
             return None
-        cur = self.ids
-        front = [i for i in cur if i in ids]  # the ready ids still in the window, in window order
+        cur, ready_ids = self.ids, set(ids)
+        front = [i for i in cur if i in ready_ids]  # the ready ids still in the window, in window order
         if front != list(ids) or any(i in cur for i in want_ids[r:]):  # all live in order; nothing else stays
             return None
         keep = common_prefix(cur, want_ids)
@@ -1288,25 +1307,8 @@ class Window:
                     new[cid] = chunk_key(c.content_hash(), fp)
         keys = ChainMap(new, known) if new else known
         pk, store, use, lazy = self._prefix_key, self.store, self._use_patches, self._keeps_conditioned
-        hint = self._context_hint()
-        root = context_root(pk)
-        root_h = root if hint is None or root in hint else None
-        trie: dict[str, tuple] = {}  # id -> (context hash, children): the contexts asked for share prefixes
-
-        def ctx(ante: Sequence[str]) -> Optional[str]:
-            """The context hash of ``ante``; None where nothing is stored under it nor under any context that
-            extends it (not in the prefix-closed hint: past its first unknown prefix nothing is hashed, as
-            ``_refresh_known``'s walk stops there too)."""
-            h, node = root_h, trie
-            for cid in ante:
-                if h is None:
-                    return None
-                got = node.get(cid)
-                if got is None:
-                    nh = context_step(h, keys[cid])
-                    got = node[cid] = (nh if hint is None or nh in hint else None, {})
-                h, node = got
-            return h
+        # None for a context nothing is stored under, nor under any that extends it
+        ctx = _KnownContexts(context_root(pk), keys, self._context_hint()).get
 
         def has_patch(cid: str, ante: tuple) -> bool:
             h = ctx(ante) if use else None
