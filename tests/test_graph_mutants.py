@@ -533,3 +533,18 @@ def test_link_deferred_links_now_and_unread_links_stay_bounded():
     lazy.link_deferred()
     assert not lazy._later and len(fn.calls) == 5000
     assert _seen(lazy) == _seen(eager)
+
+
+def test_stale_indices_is_the_staleness_rule_over_a_window():
+    """``stale_indices`` (the planner's and the Window's per-op scan) gives exactly the entries ``entry_is_stale``
+    calls stale, within ``first..upto``, skipping pending ones (None)."""
+    from windowkit.graph.dependency import entry_is_stale, stale_indices
+
+    ids = ["a", "b", "c", "d", "e"]
+    antes = [(), ("a",), ("b", "a"), None, ("a", "b", "c")]  # exact, exact, same length other order, pending, short
+    assert stale_indices(ids, antes) == [2, 4]
+    assert stale_indices(ids, antes) == [i for i, a in enumerate(antes) if a is not None and entry_is_stale(a, ids, i)]
+    assert stale_indices(ids, antes, 3) == [4] and stale_indices(ids, antes, 0, 3) == [2]
+    assert stale_indices(ids, antes, 2, 2) == [] and stale_indices(ids, antes, 5) == []
+    assert stale_indices(ids, [("x",), ("a", "b"), ("a", "b"), ("a", "b", "c"), ("a", "b", "c", "d")]) == [0, 1]
+    assert stale_indices(["a", "b"], [(), ["a"]]) == []  # antecedents as any sequence: a list equals the tuple
