@@ -310,6 +310,15 @@ def test_a_survivor_free_by_a_stored_patch_needs_its_canonical_too():
     assert edit_tokens(view(canonical=False, patch={("c", ("b",))}), ["b", "c"], HEAD5) == 25
 
 
+def test_a_survivor_behind_an_insert_is_repaired_once():
+    # [a b c d] -> [b c e d]: b at the head is free; c, in front of e, is repaired before e lands (wholly, 30); e is
+    # conditioned on [b c] (50); d, behind e, is repaired only after it (wholly, 40), not also after the eviction
+    assert edit_tokens(view(("a", "b", "c", "d")), ["b", "c", "e", "d"], HEAD5) == 30 + 50 + 40
+    # [a b c] -> [b d c]: the first stale survivor, c, stands right behind d (conditioned on [b]: 40): c is
+    # repaired once, after d lands (30, not 30 + 30)
+    assert edit_tokens(view(), ["b", "d", "c"], HEAD5) == 40 + 30
+
+
 def test_a_survivor_made_free_goes_stale_again_behind_an_insert():
     # [a b c] -> [d b c]: b at the head takes its canonical (free, formed on nothing), so the eviction's repair
     # starts at c (wholly, 30); d (canonical stored: 0) is then placed in front of b, which is stale again: the

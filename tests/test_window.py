@@ -132,6 +132,32 @@ def test_assign_diffs_into_edits(llama):
     assert kl_divergence(ref, win.forward(QUERY)) <= 1e-6
 
 
+def test_a_slide_repairs_a_survivor_behind_the_new_chunk_once(llama):
+    """A slide in front of a question ([f0 f1 f2 q] -> [f1 f2 f3 q]): f1 and f2 are repaired before f3 is
+    admitted behind them (f3 is conditioned on them), and q, behind f3, is repaired once, on the context it ends
+    with (repairing it after the eviction too would pay its tokens twice for the same KV). With every stale
+    survivor recomputed wholly the window equals transformers' forward over the new order."""
+    fs = [text(llama, 8, 2600 + i, f"f{i}") for i in range(5)]
+    q = text(llama, 6, 2599, "q")
+    win = wk.Window(llama, mode="patch", repair="all", cap=False)  # the edit itself, not the step cap's choice
+    win.assign(fs[:3] + [q])
+    win.forward(QUERY)
+    for s in (3, 4):
+        r0 = win.stats.repaired_tokens
+        want = fs[s - 2:s + 1] + [q]
+        win.assign(want)
+        logits = win.forward(QUERY)
+        assert win.stats.repaired_tokens - r0 == len(fs[s - 2]) + len(fs[s - 1]) + len(q)  # 8 + 8 + 6, not + 6
+        assert kl_divergence(reference_logits(llama, want, QUERY), logits) <= 1e-6
+    # a look-back in front of every survivor: they are stale after the eviction and again after it lands, and are
+    # repaired once, after it
+    r0 = win.stats.repaired_tokens
+    want = [fs[0], fs[3], fs[4], q]
+    win.assign(want)
+    assert kl_divergence(reference_logits(llama, want, QUERY), win.forward(QUERY)) <= 1e-6
+    assert win.stats.repaired_tokens - r0 == len(fs[3]) + len(fs[4]) + len(q)
+
+
 def test_assign_refuses_an_id_reused_for_other_content(llama):
     """assign matches chunks by id; new content under a known id would silently reuse the old KV."""
     a, b = text(llama, 8, 400, "a"), text(llama, 8, 401, "b")

@@ -278,11 +278,13 @@ def _stale(ids: Sequence[str], ante: Sequence[tuple], first: int) -> list[int]:
     return stale_indices(ids, ante, first)  # the one staleness rule (windowkit.graph.dependency.entry_is_stale)
 
 
-def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Optional[int], rule: RepairRule) -> int:
-    """Tokens one repair pass recomputes from ``first`` on; wholly repaired entries become exact in ``ante``."""
+def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Optional[int], rule: RepairRule,
+                   upto: Optional[int] = None) -> int:
+    """Tokens one repair pass recomputes from ``first`` on (to ``upto``, exclusive); wholly repaired entries become
+    exact in ``ante``."""
     if first is None or rule.is_none or first >= len(ids):
         return 0
-    stale = _stale(ids, ante, first)
+    stale = stale_indices(ids, ante, first, upto)
     counts = rule.counts([tokens[ids[i]] for i in stale])
     for i, k in zip(stale, counts):
         if k == tokens[ids[i]]:
@@ -326,9 +328,10 @@ def _place_tokens(view: WindowView, cid: str, ante: tuple, orbit: bool = False) 
 
 def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder: Optional[bool] = None) -> int:
     """Tokens the Window's edits run through the model to turn ``view.ids`` into ``want`` (``assign``'s order of
-    edits: evictions, survivor moves, one repair, inserts, one repair). A survivor whose exact
-    conditioning for its new context is stored costs nothing (``_refresh_free``, as the Window's evictions find
-    it); otherwise an upper bound (a conditioning found free after an insert is not subtracted).
+    edits: evictions, survivor moves, one repair, inserts, one repair; the first repair stops at the first insert
+    when its first stale survivor is in front of it or right behind it). A survivor whose exact conditioning for
+    its new context is stored costs nothing (``_refresh_free``, as the Window's evictions find it); otherwise an
+    upper bound (a conditioning found free after an insert is not subtracted).
     ``reorder`` forces (True) or forbids (False) the one-reorder path; None: ``assign``'s rule decides."""
     ids, ante = list(view.ids), [tuple(a) for a in view.ante]
     wset = set(want)
@@ -362,9 +365,13 @@ def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder
             for cid in movers:
                 drop(ids.index(cid))
     _refresh_free(view, ids, ante, first)
-    cost += _repair_tokens(ids, ante, view.tokens, first, rule)
-    first = None
     live = set(ids)
+    # survivors behind the first insert are repaired once, after the inserts, when the first stale one is in
+    # front of it or right behind it (the Window's assign: the same rule)
+    cut = next((i for i, c in enumerate(want) if c not in live), len(ids))
+    upto = cut if first is not None and cut < len(ids) and stale_indices(ids, ante, first, cut + 1) else None
+    cost += _repair_tokens(ids, ante, view.tokens, first, rule, upto)
+    first = None
     for idx, cid in enumerate(want):
         if cid in live:
             continue

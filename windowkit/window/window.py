@@ -564,7 +564,17 @@ class Window:
             self._repair_batching, first = False, self._repair_pending
             self._repair_pending = None
         if first is not None:
-            self._repair_later(first)
+            # an insert is conditioned on the survivors in front of it: those are repaired now. Survivors behind
+            # the first insert go stale again when it lands and are repaired once, after the inserts, on the
+            # context they end with. Same final KV for fewer tokens where the rule's first stale survivor is in
+            # front of the insert or right behind it (the after-insert pass gives it the same share); otherwise
+            # the repair runs whole, as it would without inserts.
+            entries, live = list(self._entries), self._live
+            cut = next((i for i, c in enumerate(wanted) if c.id not in live), len(entries))
+            if cut < len(entries) and self._stale(entries, [x.id for x in entries], first, cut + 1):
+                self._repair(first, cut)
+            else:
+                self._repair_later(first)
         # the inserts' repairs also run once, after the last insert (an insert is conditioned on the KV in front
         # of it as it is then; the chunks behind the first insert are repaired together at the end)
         self._repair_batching, self._repair_pending = True, None
@@ -1574,7 +1584,7 @@ class Window:
             self._repair_batching = True
 
     def _repair(self, first: int, upto: Optional[int] = None) -> None:
-        """Survivor repair (``self.repair``) for the stale survivors from index ``first`` on.
+        """Survivor repair (``self.repair``) for the stale survivors from index ``first`` on (to ``upto``, exclusive).
 
         Stale: a survivor whose KV was formed on other antecedents than it has now (``_refresh_known`` has
         already given the free exact ones theirs). The rule picks the first tokens of each; ONE selective
@@ -1582,7 +1592,7 @@ class Window:
         the rest and causally to each other) writes their fresh KV back. A survivor recomputed wholly is
         exactly conditioned on its new context from then on; a partly repaired one stays listed by ``plan()``.
         A backend that cannot recompute selectively (MLA, M-RoPE) re-conditions every chunk from the first
-        stale one with one forward instead (``stats.fallbacks``).
+        stale one (to ``upto``) with one forward instead (``stats.fallbacks``).
         """
         if self.mode != "patch" or self.removal_patches or self.repair.is_none:
             return
@@ -1594,7 +1604,8 @@ class Window:
         if first >= n:
             return
         ids = [x.id for x in entries]
-        stale = self._stale(entries, ids, first, n if upto is None else min(n, upto))
+        end = n if upto is None else min(n, upto)
+        stale = self._stale(entries, ids, first, end)
         if not stale:
             return
         pairs = self._repair_pairs(entries, stale)
@@ -1603,11 +1614,11 @@ class Window:
         starts = self.starts()
         if not self._recomputes:
             f = stale[0]
-            res = self._run([x.chunk for x in entries[f:]], starts[f], self._kv_upto(f))
+            res = self._run([x.chunk for x in entries[f:end]], starts[f], self._kv_upto(f))
             self.stats.fallbacks += 1
             self.stats.repaired_tokens += sum(res.token_counts)
             off = 0
-            for i in range(f, n):
+            for i in range(f, end):
                 e, m = entries[i], entries[i].n
                 self._set_exact(e, res.kv.slice(off, off + m), starts[i], tuple(ids[:i]))
                 off += m
