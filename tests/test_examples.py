@@ -172,9 +172,9 @@ def _python_blocks(md: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", md.read_text(encoding="utf-8"), flags=re.S)
 
 
-def test_quickstart_python_runs(tmp_path, monkeypatch):
+def test_quickstart_python_runs(tmp_path, monkeypatch, capsys):
     blocks = _python_blocks(ROOT / "docs" / "quickstart.md")
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     first = [ln for ln in blocks[0].splitlines() if ln.strip()]
     assert len(first) == 10  # "ten lines of Python"
     monkeypatch.chdir(tmp_path)
@@ -201,3 +201,13 @@ def test_quickstart_python_runs(tmp_path, monkeypatch):
 
     kl = kl_divergence(ns["ref"].forward(torch.tensor([5, 6, 7])), ns["logits"])
     assert math.isfinite(kl) and 0 <= kl < 1e-9
+    # the agent loop: with the next slide prepared between steps, each slide forwards only the new observation
+    # (its printed lines), and the last step's logits equal the model's own forward over the window and question
+    steps = [ln.split() for ln in capsys.readouterr().out.splitlines() if re.fullmatch(r"\d \w+ \d+", ln)]
+    assert steps == [["3", "prefill", "192"], ["4", "edit", "64"], ["5", "edit", "64"], ["6", "edit", "64"]]
+    agent, obs = ns["agent"], ns["obs"]
+    assert agent.ids == ["obs3", "obs4", "obs5"]
+    ids = torch.cat([c.input_ids for c in obs[3:6]] + [torch.tensor([5, 6, 7])])
+    with torch.no_grad():
+        ref = ns["backend"].model(input_ids=ids[None], position_ids=torch.arange(len(ids))[None]).logits[0, -1]
+    assert kl_divergence(ref.float(), ns["answer"]) <= 1e-6
