@@ -569,9 +569,10 @@ class Window:
             # context they end with. Same final KV for fewer tokens where the rule's first stale survivor is in
             # front of the insert or right behind it (the after-insert pass gives it the same share); otherwise
             # the repair runs whole, as it would without inserts.
-            entries, live = list(self._entries), self._live
-            cut = next((i for i, c in enumerate(wanted) if c.id not in live), len(entries))
-            if cut < len(entries) and self._stale(entries, [x.id for x in entries], first, cut + 1):
+            live, n = self._live, len(self._entries)
+            cut = next((i for i, c in enumerate(wanted) if c.id not in live), n)
+            entries = list(self._entries) if cut < n else None  # a slide's insert at the tail: no scan
+            if entries is not None and self._stale(entries, [x.id for x in entries], first, cut + 1):
                 self._repair(first, cut)
             else:
                 self._repair_later(first)
