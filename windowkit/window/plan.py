@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, replace
 from math import factorial
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, Container, Mapping, Optional, Sequence, Union
 
 from windowkit.errors import WindowkitError
 from windowkit.graph.dependency import stale_indices
@@ -274,8 +274,24 @@ def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     return n
 
 
-def _stale(ids: Sequence[str], ante: Sequence[tuple], first: int) -> list[int]:
-    return stale_indices(ids, ante, first)  # the one staleness rule (windowkit.graph.dependency.entry_is_stale)
+def _stale(ids: Sequence[str], ante: Sequence[tuple], first: int, upto: Optional[int] = None) -> list[int]:
+    return stale_indices(ids, ante, first, upto)  # the one staleness rule (windowkit.graph.dependency.entry_is_stale)
+
+
+def first_repair_end(want: Sequence[str], live: Container[str], n: int, first: int,
+                     stale: Callable[[int, int], Sequence[int]]) -> Optional[int]:
+    """Where ``assign``'s repair after its evictions stops (exclusive; None: at the end of the window).
+
+    The window holds ``n`` survivors (ids in ``live``) in ``want``'s order; ``stale(first, end)`` lists the stale
+    ones in ``first..end-1``. A survivor behind the first insert goes stale again when the insert lands, so it is
+    repaired once, after the inserts, on the context it ends with. That keeps the final KV where the rule's first
+    stale survivor stands in front of the first insert or right behind it (the pass after the inserts gives it the
+    same share); elsewhere the repair runs to the end, as it does without inserts.
+
+        first_repair_end(["b", "x", "c"], {"b", "c"}, 2, 0, lambda a, b: [1])   # 1: c, right behind x
+    """
+    cut = next((i for i, c in enumerate(want) if c not in live), n)
+    return cut if cut < n and stale(first, cut + 1) else None
 
 
 def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Optional[int], rule: RepairRule,
@@ -284,7 +300,7 @@ def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Opti
     exact in ``ante``."""
     if first is None or rule.is_none or first >= len(ids):
         return 0
-    stale = stale_indices(ids, ante, first, upto)
+    stale = _stale(ids, ante, first, upto)
     counts = rule.counts([tokens[ids[i]] for i in stale])
     for i, k in zip(stale, counts):
         if k == tokens[ids[i]]:
@@ -328,8 +344,8 @@ def _place_tokens(view: WindowView, cid: str, ante: tuple, orbit: bool = False) 
 
 def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder: Optional[bool] = None) -> int:
     """Tokens the Window's edits run through the model to turn ``view.ids`` into ``want`` (``assign``'s order of
-    edits: evictions, survivor moves, one repair, inserts, one repair; the first repair stops at the first insert
-    when its first stale survivor is in front of it or right behind it). A survivor whose exact conditioning for
+    edits: evictions, survivor moves, one repair, inserts, one repair; the first repair ends where
+    ``first_repair_end`` says). A survivor whose exact conditioning for
     its new context is stored costs nothing (``_refresh_free``, as the Window's evictions find it); otherwise an
     upper bound (a conditioning found free after an insert is not subtracted).
     ``reorder`` forces (True) or forbids (False) the one-reorder path; None: ``assign``'s rule decides."""
@@ -366,10 +382,8 @@ def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder
                 drop(ids.index(cid))
     _refresh_free(view, ids, ante, first)
     live = set(ids)
-    # survivors behind the first insert are repaired once, after the inserts, when the first stale one is in
-    # front of it or right behind it (the Window's assign: the same rule)
-    cut = next((i for i, c in enumerate(want) if c not in live), len(ids))
-    upto = cut if first is not None and cut < len(ids) and stale_indices(ids, ante, first, cut + 1) else None
+    upto = None if first is None else first_repair_end(want, live, len(ids), first,
+                                                        lambda a, b: _stale(ids, ante, a, b))
     cost += _repair_tokens(ids, ante, view.tokens, first, rule, upto)
     first = None
     for idx, cid in enumerate(want):
@@ -397,4 +411,4 @@ def choose_step(view: WindowView, want: Sequence[str], rule: RepairRule, reorder
 
 
 __all__ = ["RepairRule", "FIDELITY", "measured_front", "rule_for_kl", "repair_rule", "WindowView", "StepChoice", "choose_step", "edit_tokens", "common_prefix",
-           "longest_increasing", "movers_of", "orbit_forwards"]
+           "first_repair_end", "longest_increasing", "movers_of", "orbit_forwards"]

@@ -45,7 +45,8 @@ from windowkit.graph.dependency import LazyCtx, entry_is_stale, stale_indices
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
 from windowkit.window.config import Mode, WindowConfig
-from windowkit.window.plan import FIDELITY, RepairRule, StepChoice, WindowView, choose_step, common_prefix, movers_of
+from windowkit.window.plan import (FIDELITY, RepairRule, StepChoice, WindowView, choose_step, common_prefix,
+                                   first_repair_end, movers_of)
 
 Where = Union[str, int]
 
@@ -564,18 +565,13 @@ class Window:
             self._repair_batching, first = False, self._repair_pending
             self._repair_pending = None
         if first is not None:
-            # an insert is conditioned on the survivors in front of it: those are repaired now. Survivors behind
-            # the first insert go stale again when it lands and are repaired once, after the inserts, on the
-            # context they end with. Same final KV for fewer tokens where the rule's first stale survivor is in
-            # front of the insert or right behind it (the after-insert pass gives it the same share); otherwise
-            # the repair runs whole, as it would without inserts.
-            live, n = self._live, len(self._entries)
-            cut = next((i for i, c in enumerate(wanted) if c.id not in live), n)
-            entries = list(self._entries) if cut < n else None  # a slide's insert at the tail: no scan
-            if entries is not None and self._stale(entries, [x.id for x in entries], first, cut + 1):
-                self._repair(first, cut)
-            else:
+            # the survivors in front of the first insert now (it is conditioned on them); those behind it once,
+            # after the inserts, where plan.first_repair_end says so
+            upto = first_repair_end(want_ids, self._live, len(self._entries), first, self._stale_now)
+            if upto is None:
                 self._repair_later(first)
+            else:
+                self._repair(first, upto)
         # the inserts' repairs also run once, after the last insert (an insert is conditioned on the KV in front
         # of it as it is then; the chunks behind the first insert are repaired together at the end)
         self._repair_batching, self._repair_pending = True, None
@@ -1648,6 +1644,11 @@ class Window:
     def _stale(self, entries: list[_Entry], ids: list[str], first: int, upto: int) -> list[int]:
         """Indices in ``first..upto-1`` whose KV was formed on other antecedents than they have now."""
         return stale_indices(ids, [None if x.pending else x.ante for x in entries], first, upto)
+
+    def _stale_now(self, first: int, upto: int) -> list[int]:
+        """``_stale`` over the live entries as they are now."""
+        entries = list(self._entries)
+        return self._stale(entries, [x.id for x in entries], first, upto)
 
     def _repair_pairs(self, entries: list[_Entry], stale: list[int]) -> list[tuple[int, int]]:
         """(index, tokens to recompute from its start) per stale survivor, by the repair rule."""
