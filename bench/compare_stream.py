@@ -9,19 +9,36 @@ all the given files hold (a run cut short still counts for the steps it finished
 Columns: mean first-token KL vs exact, greedy answer = exact, the same where exact is right, accuracy minus
 exact's (points; right answers lost / gained), prefill tokens on the critical path / the prefix cache's.
 A strategy name found in several files is taken from the first (``--label`` tags each file's rows instead).
+The accuracy column carries the paired 95% interval of the difference (``windowkit.kv.metrics.paired_delta``).
+
+``--pool``: the files are runs of other seeds (other logs): every step of every file is pooled per strategy
+(a strategy counts only where all files hold it), e.g. the default at k = 8 over seeds 2, 3 and 4:
+
+    PYTHONPATH=. .venv/bin/python bench/compare_stream.py --pool --out bench/results/real_stream_k8_pooled.md \
+        bench/results/real_stream_k8_default2.json bench/results/real_stream_k8_s3.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-def stream_rows(path: str) -> list[dict]:
+from windowkit.kv.metrics import paired_delta  # noqa: E402
+
+
+def stream_rows(path: str, alias: dict[str, str] | None = None) -> list[dict]:
+    """The stream steps of one result file, each {strategy: row}; ``alias`` renames strategies (old -> new)."""
     raw = json.loads(Path(path).read_text())["raw"]["stream"]
     out: list[dict] = []
     for x in (raw if isinstance(raw, list) else raw.values()):
         out += x if isinstance(x, list) else [x]
+    if alias:
+        out = [{alias.get(k, k): v for k, v in r.items()} for r in out]
     return out
 
 
@@ -30,11 +47,13 @@ def score(rows: list[dict], s: str) -> dict:
     right = [r for r in rows if r[s]["exact_correct"]]
     acc = sum(r[s]["correct"] for r in rows) / n
     exact = len(right) / n
+    lost = sum(1 for r in right if not r[s]["correct"])
+    gained = sum(1 for r in rows if not r[s]["exact_correct"] and r[s]["correct"])
     return {"n": n, "kl": sum(r[s]["kl"] for r in rows) / n, "agree": sum(r[s]["agree"] for r in rows) / n,
             "agree_where_exact_right": sum(r[s]["agree"] for r in right) / max(len(right), 1),
             "accuracy_minus_exact_points": 100 * (acc - exact),
-            "lost": sum(1 for r in right if not r[s]["correct"]),
-            "gained": sum(1 for r in rows if not r[s]["exact_correct"] and r[s]["correct"]),
+            "accuracy_minus_exact_ci95_points": [100 * x for x in paired_delta(lost, gained, n)[1]],
+            "exact_accuracy": exact, "lost": lost, "gained": gained,
             "cost_vs_prefix_cache": sum(r[s]["tokens"] for r in rows) / sum(r[s]["prefix_cache_tokens"] for r in rows)}
 
 
@@ -59,13 +78,24 @@ def compare(files: list[str], labels: list[str]) -> tuple[int, dict[str, dict]]:
     return n, out
 
 
-def markdown(n: int, res: dict[str, dict]) -> str:
-    lines = [f"Paired on the first {n} steps of every file.", "",
-             "| strategy | mean KL | answer = exact | = exact where exact right | accuracy - exact (lost / gained) "
-             "| tokens vs prefix cache |", "|---|---:|---:|---:|---|---:|"]
+def pool(files: list[str], alias: dict[str, str] | None = None) -> tuple[int, dict[str, dict]]:
+    """Every step of every file (runs of other seeds), pooled per strategy held by all files."""
+    data = [stream_rows(f, alias) for f in files]
+    names = [s for s in data[0][0] if s not in ("exact", "prefix-cache") and all(s in d[0] for d in data)]
+    rows = [r for d in data for r in d]
+    return len(rows), {s: score(rows, s) for s in names}
+
+
+def markdown(n: int, res: dict[str, dict], pooled: bool = False) -> str:
+    what = f"Pooled: {n} steps of runs of other seeds." if pooled else f"Paired on the first {n} steps of every file."
+    lines = [what, "",
+             "| strategy | mean KL | answer = exact | = exact where exact right | exact's accuracy | accuracy - exact, "
+             "points [95% CI] (lost / gained) | tokens vs prefix cache |", "|---|---:|---:|---:|---:|---|---:|"]
     for s, r in sorted(res.items(), key=lambda kv: kv[1]["cost_vs_prefix_cache"]):
+        lo, hi = r["accuracy_minus_exact_ci95_points"]
         lines.append(f"| {s} | {r['kl']:.4f} | {r['agree']:.3f} | {r['agree_where_exact_right']:.3f} | "
-                     f"{r['accuracy_minus_exact_points']:+.1f} ({r['lost']} / {r['gained']}) | "
+                     f"{r['exact_accuracy']:.3f} | {r['accuracy_minus_exact_points']:+.1f} [{lo:+.1f}, {hi:+.1f}] "
+                     f"({r['lost']} / {r['gained']}) | "
                      f"{r['cost_vs_prefix_cache']:.3f} |")
     return "\n".join(lines) + "\n"
 
@@ -75,12 +105,19 @@ def main() -> None:
     ap.add_argument("files", nargs="+", help="bench real --tasks stream JSON files (same seed and k)")
     ap.add_argument("--label", action="append", default=None, help="a tag per file for its strategies' names")
     ap.add_argument("--out", default=None, help="write the markdown table here (and the numbers as .json)")
+    ap.add_argument("--pool", action="store_true", help="the files are runs of other seeds: pool all their steps")
+    ap.add_argument("--alias", action="append", default=[], metavar="OLD=NEW",
+                    help="read strategy OLD as NEW (e.g. default=repair-head:128+query:96, to pool a run that "
+                         "named the default by its rule)")
     a = ap.parse_intermixed_args()
     labels = a.label or [""] * len(a.files)
     if len(labels) != len(a.files):
         ap.error("give one --label per file, or none")
-    n, res = compare(a.files, labels)
-    md = markdown(n, res)
+    if any("=" not in x for x in a.alias):
+        ap.error("--alias takes OLD=NEW")
+    alias = dict(x.split("=", 1) for x in a.alias)
+    n, res = pool(a.files, alias) if a.pool else compare(a.files, labels)
+    md = markdown(n, res, a.pool)
     print(md)
     if a.out:
         Path(a.out).write_text(md)

@@ -333,3 +333,32 @@ def test_a_cost_model_window_takes_the_prepared_route_after_prefetch():
     win.forward([1, 2])
     assert win.stats.prefill_tokens - p0 == 32 and win.last_choice.route == "edit"  # only the new chunk
     assert win.stale_ids() == []
+
+
+def test_simulate_repair_runs_another_point_of_the_front(tmp_path, capsys):
+    """``simulate(repair=...)`` / ``windowkit simulate --repair``: the windowkit strategies that keep the default
+    rule run the given one instead. Slide [A B C] -> [B C D] (5-token text chunks, a 1-token query): the two
+    survivors are stale after A leaves; counted by hand, step 1 prefills D (5) + the query (1) plus what the rule
+    recomputes: sink:2 -> 2 + 2, none -> 0, all -> 5 + 5 (= the prefix cache's own step)."""
+    from windowkit.errors import WindowkitError
+    from windowkit.trace.io import write_trace
+    from windowkit.trace.simulate import main
+
+    ref = lambda i: ChunkRef(id="abcd"[i], tokens=5, kind="text")  # noqa: E731
+    tr = Trace([Step(step=0, context=[ref(0), ref(1), ref(2)], ordered=True, query_tokens=1),
+                Step(step=1, context=[ref(1), ref(2), ref(3)], ordered=True, query_tokens=1)])
+    want = {"sink:2": 4, "none": 0, "all": 10}
+    for spec, repaired in want.items():
+        res = simulate(tr, P, strategies=["radix", "windowkit", "windowkit-eager"], repair=spec, progress=False)
+        assert [c.prefill_tokens for c in res.steps["windowkit"]] == [16, 6 + repaired], spec
+        assert res.meta["windowkit_repair"] == spec
+        assert res.meta["windowkit-eager_repair"] == "none"  # it sets its own rule: untouched
+    assert [c.prefill_tokens for c in res.steps["radix"]] == [16, 16]
+    default = simulate(tr, P, strategies=["windowkit"], progress=False)
+    assert default.meta["windowkit_repair"] != "sink:2"
+    with pytest.raises(WindowkitError, match="repair spec"):
+        simulate(tr, P, strategies=["windowkit"], repair="bogus", progress=False)
+    path = write_trace(tr, tmp_path / "t.jsonl")
+    assert main([str(path), "--strategy", "windowkit", "--repair", "sink:2", "--no-progress"]) == 0
+    assert "survivor repair: windowkit sink:2" in capsys.readouterr().out
+

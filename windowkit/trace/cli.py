@@ -3,6 +3,7 @@
     windowkit simulate sliding-3 --profile cpu-tiny --json out.json
     windowkit simulate videotree:50 --out report/          # report/report.html, summary.json, *.png
     windowkit simulate grow-interleave-set --policy greedy --policy belady --store-budget 200000
+    windowkit simulate run.jsonl --strategy radix --strategy windowkit --repair sink:5    # another repair rule
 
 The names it accepts come from the registries: strategies from ``windowkit.trace.run.STRATEGIES``, generated
 traces from ``windowkit.trace.generators.GENERATORS``, placement and refresh policies from
@@ -71,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refresh", default=None,
                         help=f"patch refresh policy: {' | '.join(refreshes)} (NAME:ARG passes an argument, e.g. "
                              "threshold:0.3, budget:2)")
+    parser.add_argument("--repair", default=None, metavar="SPEC",
+                        help="survivor repair rule of the windowkit strategies that keep the default rule "
+                             "(Window(repair=SPEC): none, sink:N, head, head:N, all, joined by '+', e.g. sink:5): "
+                             "another point of the cost/fidelity front (docs/window.md has each one's measured "
+                             "fidelity on real weights)")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -96,9 +102,12 @@ def run_cli(args: argparse.Namespace) -> int:
     trace = load_trace_arg(args.trace)
     res = simulate(trace, args.profile, args.strategy, max_steps=args.max_steps,
                    progress=False if args.no_progress else None, placement=args.placement,
-                   store_budget_bytes=args.store_budget, store_policy=args.store_policy, refresh=args.refresh)
+                   store_budget_bytes=args.store_budget, store_policy=args.store_policy, refresh=args.refresh,
+                   repair=args.repair)
     s = res.summary()
-    print(f"{s['trace']}: {s['steps']} steps, profile {s['profile']}")
+    rules = {k[:-len("_repair")]: v for k, v in res.meta.items() if k.endswith("_repair")}
+    print(f"{s['trace']}: {s['steps']} steps, profile {s['profile']}"
+          + (f"; survivor repair: {', '.join(f'{k} {v}' for k, v in rules.items())}" if rules else ""))
     print(res.table())
     for k, v in s["ratios"].items():
         print(f"{k}: {v:.3f}")

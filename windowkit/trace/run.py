@@ -28,6 +28,7 @@ from windowkit.trace.result import SimResult
 from windowkit.trace.schema import Step, Trace
 from windowkit.trace.strategies import (BlindReuse, FullRecompute, RadixCache, StepCost, Strategy, TokenBlend,
                                         WindowkitStrategy, check_store_options)
+from windowkit.window.plan import RepairRule
 
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "recompute": FullRecompute, "radix": RadixCache, "blind": BlindReuse, "blend": TokenBlend,
@@ -68,7 +69,7 @@ def make_strategies(spec: Optional[Sequence[Union[str, Strategy]]] = None) -> li
 def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfile] = "h100-kamera",
              strategies: Optional[Sequence[Union[str, Strategy]]] = None, *, progress: Optional[bool] = None,
              max_steps: Optional[int] = None, placement: Any = None, store_budget_bytes: Optional[int] = None,
-             store_policy: Any = None, refresh: Any = None) -> SimResult:
+             store_policy: Any = None, refresh: Any = None, repair: Optional[str] = None) -> SimResult:
     """Replay ``trace`` through each strategy (all of them by default) under ``profile``.
 
     progress: a tqdm bar (None: only for traces of 500+ steps). max_steps: replay only the first steps.
@@ -76,13 +77,18 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
     ``policies.placement.PLACEMENTS`` ("listed", "arrival", "greedy", "orbit", "optimal") or a policy;
     None keeps today's behaviour (``resolve_orders``). ``summary()["placement"]`` records it.
     store_budget_bytes, store_policy, refresh: set on the windowkit strategies built here from names
-    (see ``WindowkitStrategy``); strategy instances passed in keep their own.
+    (see ``WindowkitStrategy``); strategy instances passed in keep their own. repair: a survivor repair spec
+    (``Window(repair=...)``, e.g. "sink:5", "head:64", "all") for the windowkit strategies built here from names
+    that keep the default rule (not ``windowkit-eager`` / ``-fast-fidelity`` / ``-exact-fidelity``, which set
+    their own): what another point of the cost/fidelity front costs on this trace.
 
         res = simulate(read_trace("run.jsonl"), "cpu-tiny", strategies=["radix", "windowkit"])
         res.summary()["strategies"]["windowkit"]["total_ms"]
         simulate(grow_interleave_set(), placement="greedy", store_budget_bytes=1 << 16, store_policy="belady")
+        simulate(read_trace("run.jsonl"), strategies=["radix", "windowkit"], repair="sink:5")
     """
     prof = load_profile(profile)
+    rule = None if repair is None else RepairRule.parse(repair)  # a bad spec: WindowkitError, before any step
     strats = make_strategies(strategies)
     given = {id(s) for s in (strategies or ()) if isinstance(s, Strategy)}
     for s in strats:
@@ -95,6 +101,8 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
                 s.store_policy = store_policy
             if refresh is not None:
                 s.refresh = refresh
+            if rule is not None and not ({"repair", "fidelity"} & set(s.window_kw)):
+                s.window_kw = dict(s.window_kw, repair=rule.name)
         check_store_options(s)
     steps = list(trace)[:max_steps] if max_steps is not None else list(trace)
     orders, pol = resolve_placement(steps, placement, prof)
@@ -124,6 +132,7 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
         meta["placement_model_ms"] = pol.model_ms(orders)
     for s in strats:
         if isinstance(s, WindowkitStrategy):
+            meta[f"{s.name}_repair"] = s.win.repair.name  # the survivor repair rule it ran (the front's point)
             if s.approximated_steps:
                 meta["windowkit_approximated_steps"] = s.approximated_steps
             if s.refresher is not None:
