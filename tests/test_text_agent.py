@@ -165,7 +165,7 @@ def test_the_paired_accuracy_interval_covers_the_true_difference_95_percent_of_t
     assert sum(widths) / len(widths) < 0.1  # ~0.076; unpaired (two independent intervals at ~60 % accuracy): ~0.19
     d, (lo, hi) = paired_delta(0, 0, 50)  # no discordant item in 50: still not proof of no difference
     assert d == 0.0 and -0.1 < lo < 0 < hi < 0.1
-    with pytest.raises(ValueError):
+    with pytest.raises(WindowkitError, match="do not fit"):
         paired_delta(3, 2, 4)
     # the bench table shows it: 1 of 4 exact-right answers lost, none gained
     rows = [{"kl": 0.0, "agree": i != 0, "correct": i != 0, "exact_correct": True, "tokens": 5, "forwards": 1,

@@ -668,7 +668,7 @@ def markdown(summary: dict, pooled: dict, meta: dict) -> str:
 
 
 def delta_cell(r: dict) -> str:
-    """``-4.0 [-5.9, -0.3] (11 / 3)``: accuracy minus exact's in points, its paired 95% interval, and the right
+    """``-4.0 [-7.8, -0.1] (11 / 3)``: accuracy minus exact's in points, its paired 95% interval, and the right
     answers lost / gained (a summary written before the paired columns existed: "-")."""
     if "accuracy_minus_exact" not in r:
         return "-"

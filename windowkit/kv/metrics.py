@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from windowkit.errors import WindowkitError
+
 
 def kl_divergence(ref_logits: torch.Tensor, logits: torch.Tensor) -> float:
     """KL(p_ref || p) of next-token distributions, in nats (fp64 for small values)."""
@@ -46,9 +48,9 @@ def paired_delta(lost: int, gained: int, n: int, z: float = 1.96) -> tuple[float
         paired_delta(3, 1, 200)      # (-0.01, [-0.034, 0.014]): within noise of no loss
     """
     if n <= 0:
-        raise ValueError(f"paired_delta needs n >= 1, got {n}")
+        raise WindowkitError(f"paired_delta needs n >= 1, got {n}")
     if lost < 0 or gained < 0 or lost + gained > n:
-        raise ValueError(f"paired_delta: lost={lost}, gained={gained} do not fit n={n}")
+        raise WindowkitError(f"paired_delta: lost={lost}, gained={gained} do not fit n={n}")
     a, b = (gained + 1) / (n + 2), (lost + 1) / (n + 2)
     half = z * math.sqrt(max(a + b - (a - b) ** 2, 0.0) / (n + 2))
     return (gained - lost) / n, [max(a - b - half, -1.0), min(a - b + half, 1.0)]
