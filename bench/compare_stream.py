@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from windowkit.kv.metrics import paired_delta  # noqa: E402
+from windowkit.benchmarks.real import summarize  # noqa: E402
 
 
 def stream_rows(path: str, alias: dict[str, str] | None = None) -> list[dict]:
@@ -43,18 +43,16 @@ def stream_rows(path: str, alias: dict[str, str] | None = None) -> list[dict]:
 
 
 def score(rows: list[dict], s: str) -> dict:
-    n = len(rows)
-    right = [r for r in rows if r[s]["exact_correct"]]
-    acc = sum(r[s]["correct"] for r in rows) / n
-    exact = len(right) / n
-    lost = sum(1 for r in right if not r[s]["correct"])
-    gained = sum(1 for r in rows if not r[s]["exact_correct"] and r[s]["correct"])
-    return {"n": n, "kl": sum(r[s]["kl"] for r in rows) / n, "agree": sum(r[s]["agree"] for r in rows) / n,
-            "agree_where_exact_right": sum(r[s]["agree"] for r in right) / max(len(right), 1),
-            "accuracy_minus_exact_points": 100 * (acc - exact),
-            "accuracy_minus_exact_ci95_points": [100 * x for x in paired_delta(lost, gained, n)[1]],
-            "exact_accuracy": exact, "lost": lost, "gained": gained,
-            "cost_vs_prefix_cache": sum(r[s]["tokens"] for r in rows) / sum(r[s]["prefix_cache_tokens"] for r in rows)}
+    """Strategy ``s`` over ``rows`` ({strategy: row} per step), from ``bench real``'s own ``summarize``."""
+    r = summarize([x[s] for x in rows])
+    return {"n": r["n"], "kl": r["kl_mean"], "agree": r["agree"],
+            "agree_where_exact_right": r["agree_where_exact_right"] or 0.0,
+            "accuracy_minus_exact_points": 100 * r["accuracy_minus_exact"],
+            "accuracy_minus_exact_ci95_points": [100 * x for x in r["accuracy_minus_exact_ci95"]],
+            # exact's right answers: the strategy's, plus those it lost, minus those it gained
+            "exact_accuracy": (round(r["accuracy"] * r["n"]) + r["lost"] - r["gained"]) / r["n"],
+            "lost": r["lost"], "gained": r["gained"],
+            "cost_vs_prefix_cache": r["cost_share_vs_prefix_cache"]}
 
 
 def _answers(rows: list[dict], s: str) -> list[tuple]:

@@ -102,7 +102,7 @@ def simulate(trace: Union[Trace, Sequence[Step]], profile: Union[str, CostProfil
             if refresh is not None:
                 s.refresh = refresh
             if rule is not None and not ({"repair", "fidelity"} & set(s.window_kw)):
-                s.window_kw = dict(s.window_kw, repair=rule.name)
+                s.window_kw = dict(s.window_kw, repair=rule)
         check_store_options(s)
     steps = list(trace)[:max_steps] if max_steps is not None else list(trace)
     orders, pol = resolve_placement(steps, placement, prof)
