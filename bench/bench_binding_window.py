@@ -10,7 +10,8 @@ per step). Per rule a ``LongVideoAgent`` runs the 60 steps with an exact re-pref
 beside it (``PrefixCache``: the unchanged leading frames kept, the rest and the question prefilled in ONE
 forward). Rules: ``default`` (the Window's defaults: fidelity "balanced"), ``ahead`` (the defaults, and the agent
 prepares each next slide between steps: ``LongVideoAgent(anticipate=True)``, ``win.prefetch(next=frames[1:])``,
-timed with the between-steps work), or any repair spec (``all``, ``head``, ``none``, ...). Frames are hashed
+timed with the between-steps work), ``removal`` (``Window(removal_patches=True)``: every survivor re-conditioned by
+a removal patch after an eviction), or any repair spec (``all``, ``head``, ``none``, ...). Frames are hashed
 when made (as a chunk without an id is), not by whichever strategy's timed step sees them first. Accuracy and KL
 are deterministic; times are the sum of the 60 timed steps (windowkit: ``assign`` + the question's forward;
 prefix cache: its step), measured in the same run, step by step interleaved; the last column adds the windowkit
@@ -65,7 +66,9 @@ def run_rule(model, seed: int, rule: str) -> dict:
     frames, ask, prefix, plan = video(seed)
     agent = LongVideoAgent(model, window=WINDOW, prefix=prefix, blind=False, max_new_tokens=1,
                            anticipate=rule == "ahead")
-    if rule not in ("default", "ahead"):
+    if rule == "removal":  # removal patches re-condition every survivor after an eviction (one forward over them)
+        agent.win = Window(agent.backend, prefix=agent.prefix, repair="none", removal_patches=True)
+    elif rule not in ("default", "ahead"):
         agent.win = Window(agent.backend, prefix=agent.prefix, repair=rule)
     rep = agent.run(frames, plan, (), (), ask=ask)
     s = rep.summary()
@@ -149,7 +152,7 @@ def floor_line(floors: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2,3,4", help="binding videos")
-    ap.add_argument("--rules", default="default,ahead,all,head,none", help="'default', 'ahead' or repair specs, comma-separated")
+    ap.add_argument("--rules", default="default,ahead,all,head,none", help="'default', 'ahead', 'removal' or repair specs, comma-separated")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=str(ROOT / "bench/results/binding_window.json"))
     ap.add_argument("--md", default=str(ROOT / "bench/results/binding_window.md"))
