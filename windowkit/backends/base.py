@@ -123,12 +123,11 @@ class Backend(Protocol):
         ...
 
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1, lookahead: int = 0,
-                        return_kv: bool = False, return_logits: bool = False) -> Any:
+                        return_kv: bool = False) -> Any:
         """Attention weights [past.num_tokens] the query's last ``rows`` tokens (and ``lookahead`` greedy tokens)
         put on each past token, summed over heads and averaged over layers; with ``return_kv`` ``(weights, kv)``,
-        kv being ``past`` followed by the query's KV; with ``return_logits`` also (last) the next-token logits of
-        each forward, [1 + lookahead, vocab] (the query's last token, then each greedy token). Raises
-        UnsupportedModelError where ``reads_attention`` is False."""
+        kv being ``past`` followed by the query's KV. Raises UnsupportedModelError where ``reads_attention`` is
+        False."""
         ...
 
     def forget(self, chunk: Chunk) -> None:

@@ -448,7 +448,7 @@ class HFBackend:
 
     @_busy
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1,
-                        lookahead: int = 0, return_kv: bool = False, return_logits: bool = False):
+                        lookahead: int = 0, return_kv: bool = False):
         """How much the query reads each past token: [past.num_tokens] attention weights, summed over heads and
         averaged over layers, of the query's last ``rows`` tokens and of ``lookahead`` greedy tokens decoded after
         it (a row sums to the head count over past + query + decoded tokens).
@@ -460,8 +460,7 @@ class HFBackend:
         query (and each decoded token) over ``past`` with SDPA, the rows' weights recomputed from the same query and
         keys (``attention.capture_rows``; equal to transformers' eager ``output_attentions``). Text LLM families
         only (those with ``recompute``). With ``return_kv=True`` returns ``(weights, kv)``: ``past`` followed by the query's KV from that forward, in the
-        tensors transformers built for it (no copy: the caller may write into them). With ``return_logits=True`` the
-        next-token logits of each forward come last, [1 + lookahead, vocab]: what the probe would answer.
+        tensors transformers built for it (no copy: the caller may write into them).
         """
         if not self.reads_attention:
             raise UnsupportedModelError(f"query attention is read for text LLM families, not {self.model_type!r}")
@@ -477,7 +476,6 @@ class HFBackend:
             kw["logits_to_keep"] = 1
         embeds, pos = self.embeds(query).embeds[None], torch.arange(int(start), int(start) + q, device=self.device)
         picked: list[torch.Tensor] = []  # per forward: [L, s_len] of its rows
-        logits: list[torch.Tensor] = []  # per forward: [vocab] after its last token
         query_kv = None
         with capture_rows(self.model, rows) as got:  # SDPA, plus the softmax of the last rows (attention.py)
             for step in range(1 + int(lookahead)):
@@ -489,7 +487,6 @@ class HFBackend:
                 r = rows if step == 0 else 1
                 # per layer [rows, s_len + ...] -> the last r rows over the past, summed over rows
                 picked.append(torch.stack([a[-r:, :s_len].sum(0) for a in got]))
-                logits.append(out.logits[0, -1].float().cpu())
                 if step == 0 and return_kv:  # past + query: the cache's own tensors (a later update makes new ones)
                     c = getattr(out, "cache", None) or out.past_key_values
                     full_pos = torch.arange(s_len + q)[None] if past.positions is None else torch.cat(
@@ -501,10 +498,7 @@ class HFBackend:
                     embeds = self.model.get_input_embeddings()(tok.to(self.device))
                     pos = pos[-1:] + 1
         weights = (torch.stack(picked).sum(0).mean(0) / (rows + int(lookahead))).cpu()
-        res = (weights, query_kv) if return_kv else (weights,)
-        if return_logits:
-            res = res + (torch.stack(logits),)
-        return res if len(res) > 1 else weights
+        return (weights, query_kv) if return_kv else weights
 
     # ------------------------------------------------------------------ self-check
     def _verify_relocation(self) -> None:

@@ -56,7 +56,7 @@ from windowkit.models import smollm2
 from windowkit.models.load import load_model
 from windowkit.registry import make_policy
 from windowkit.store.keys import chunk_key
-from windowkit.window import Window, WindowConfig
+from windowkit.window import Window
 from windowkit.window.plan import FIDELITY, RepairRule
 
 TASKS = ("retrieval", "two-doc", "stream")
@@ -281,7 +281,7 @@ def build_strategies() -> dict[str, Strategy]:
 
 #: the settings a strategy's Window brings onto a fork of the shared pre-step window
 _SETTINGS = ("mode", "rank", "removal_patches", "removal_rank", "orbit_samples", "repair", "fidelity", "cascade",
-             "focus_budget", "focus_margin")
+             "focus_budget")
 
 
 def derive(base: Any, backend: Any, kwargs: dict) -> Any:
@@ -772,19 +772,9 @@ def run(n: int = 40, tasks: Sequence[str] = TASKS, strategies: Optional[Sequence
         if s not in every and s.startswith("repair-") and has_repair():  # any rule: repair-<spec>
             spec = RepairRule.parse(s[len("repair-"):]).name  # raises WindowkitError on a bad spec
             every[s] = Strategy(s, {"mode": "patch", "rank": 32, "repair": spec}, note=f"Window(repair={spec!r})")
-        if s not in every and s.startswith("margin-") and has_repair():  # the default with a focus margin
-            try:
-                margin = float(s[len("margin-"):])
-            except ValueError:
-                raise WindowkitError(f"strategy {s!r}: margin-<nats> takes a number, e.g. margin-1.0") from None
-            WindowConfig(focus_margin=margin)  # raises WindowkitError on a bad margin
-            every[s] = Strategy(s, {"mode": "patch", "rank": 32, "fidelity": "balanced", "focus_margin": margin},
-                                note=f"the default with Window(focus_margin={margin:g}): a step whose probe is that "
-                                     "sure skips its focus, the others may spend every stale token")
         if s not in every:
             raise WindowkitError(f"unknown strategy {s!r}; available here: {', '.join(every)}, "
-                                 "repair-<rule> for any repair rule, or margin-<nats> for the default with a "
-                                 "focus margin")
+                                 "or repair-<rule> for any repair rule")
     if "exact" not in names:
         names = ["exact"] + names
     chosen = {s: every[s] for s in names}

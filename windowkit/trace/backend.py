@@ -163,7 +163,7 @@ class CostModelBackend:
         return out
 
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1, lookahead: int = 0,
-                        return_kv: bool = False, return_logits: bool = False):
+                        return_kv: bool = False):
         """A cost model reads no attention (``reads_attention`` is False): raises UnsupportedModelError."""
         raise UnsupportedModelError("CostModelBackend reads no attention (reads_attention is False)")
 

@@ -36,8 +36,6 @@ class WindowConfig:
     repair:          None (default: the rule ``fidelity`` picks) | a repair spec string | a RepairRule
     cap:             True (default): never plan an assign / reorder step dearer than a prefix cache
     focus_budget:    0.58 (default) | None: the query focus's share of a prefix cache's step
-    focus_margin:    None (default) | nats: a step whose probe is surer than this skips its focus, the others may
-                     spend up to every stale token (within focus_budget)
     """
 
     mode: Mode = "patch"
@@ -53,7 +51,6 @@ class WindowConfig:
     repair: Union[str, RepairRule, None] = None
     cap: bool = True
     focus_budget: Optional[float] = 0.58
-    focus_margin: Optional[float] = None
     # the survivor repair rule ``fidelity`` and ``repair`` resolve to (derived, not a setting)
     repair_rule: RepairRule = field(init=False, repr=False, compare=False)
 
@@ -72,10 +69,6 @@ class WindowConfig:
         if fb is not None and not 0 < float(fb) <= 1:
             raise WindowkitError(f"focus_budget must be in (0, 1] or None, got {fb!r}")
         object.__setattr__(self, "focus_budget", None if fb is None else float(fb))
-        fm = self.focus_margin
-        if fm is not None and (isinstance(fm, bool) or not isinstance(fm, (int, float)) or not fm > 0):
-            raise WindowkitError(f"focus_margin must be a number of nats > 0 or None, got {fm!r}")
-        object.__setattr__(self, "focus_margin", None if fm is None else float(fm))
 
     @classmethod
     def settings(cls) -> tuple[str, ...]:

@@ -92,12 +92,6 @@ def _differs(a: Any, b: Any) -> bool:
     return a is not b and a != b
 
 
-def _margin(logits: torch.Tensor) -> float:
-    """Top-1 minus top-2 next-token log-probability (the logits' own gap): how sure the model is, in nats."""
-    top = logits.reshape(-1).float().topk(2).values
-    return float(top[0] - top[1])
-
-
 @dataclass
 class WindowStats:
     """Counters an agent can log per step (all cumulative)."""
@@ -112,7 +106,6 @@ class WindowStats:
     fallbacks: int = 0  # edits that fell back to an exact re-prefill (also: a repair run as a full recondition)
     repaired_tokens: int = 0  # survivor tokens recomputed by the repair rule (also counted in prefill_tokens)
     probe_tokens: int = 0  # query tokens run to read what a query attends to (focus; also in prefill_tokens)
-    focus_skips: int = 0  # answers whose probe was sure enough (focus_margin) to skip the focus's recompute
     prefix_plans: int = 0  # steps run as the prefix cache's plan (the edits were modelled no cheaper): exact
     forwards: int = 0
     vision_calls: int = 0  # vision-tower runs caused by this window (a recalled or moved chunk causes none)
@@ -204,11 +197,6 @@ class Window:
               prefilled at construction) is held by a prefix cache too and is no step's spending. The rule's
               position part (head, sinks) is not bounded by it. None: no ceiling (the focus never exceeds the
               stale tokens)
-    focus_margin: None (default) | nats: spend the focus where the answer is in doubt. Answering, the focus's probe
-              (the query's last token and the greedy token after it, over the window as it stands) also gives the
-              model's next-token margins (top-1 minus top-2 log-probability); a step whose smaller margin is at
-              least this skips its recompute and answers from the probe, and a step under it may recompute up to
-              every stale token, ``focus_budget``'s account bounding both
     cap:      True (default, patch mode with lazy forming): ``assign`` and ``reorder`` never plan a step dearer
               than a prefix cache holding the previous window; where the edits (repairs, conditioned forwards,
               orbit forms) are modelled no cheaper, the step runs the prefix cache's plan instead: keep the
@@ -226,11 +214,10 @@ class Window:
                  removal_rank: Optional[int] = 64, orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy",
                  basis=None, fidelity: Union[str, float] = "balanced", repair: Union[str, "RepairRule", None] = None,
                  cap: bool = True, cache_salt: Optional[str] = None, auth_key: Union[bytes, str, None] = None,
-                 focus_budget: Optional[float] = 0.58, focus_margin: Optional[float] = None,
-                 config: Optional[WindowConfig] = None):
+                 focus_budget: Optional[float] = 0.58, config: Optional[WindowConfig] = None):
         given = dict(rank=rank, mode=mode, patch_layers=patch_layers, svd=svd, removal_patches=removal_patches,
                      removal_rank=removal_rank, orbit_samples=orbit_samples, cascade=cascade, form=form,
-                     fidelity=fidelity, repair=repair, cap=cap, focus_budget=focus_budget, focus_margin=focus_margin)
+                     fidelity=fidelity, repair=repair, cap=cap, focus_budget=focus_budget)
         if config is None:
             config = WindowConfig(**given)  # every setting validated there, once
         else:
@@ -280,7 +267,6 @@ class Window:
         self._use_patches = not self._exact_budget or self.rank is None
         self.cap = config.cap
         self.focus_budget = config.focus_budget
-        self.focus_margin = config.focus_margin
         self._read_ids: list[str] = []  # the ids at the last read: a prefix cache re-prefills from the first change
         self._step_p0 = 0  # stats.prefill_tokens at the last read (or prefetch): what this step has spent
         # focus_budget's running account over the steps read so far: a prefix cache's tokens and this window's
@@ -819,9 +805,6 @@ class Window:
             owner += [i] * off.numel()
         pool = torch.cat(cand) if cand else torch.zeros(0, dtype=torch.long)
         probe = look + 1 if answer else len(q) + look  # answering, the query's own run is not extra
-        gate = answer and self.focus_margin is not None and tokens is None
-        if gate:  # a step in doubt may take every stale token: the account decides
-            n = pool.numel()
         n = min(n, pool.numel() - probe)  # probe + recompute <= the stale tokens a prefix cache re-prefills
         if self.focus_budget is not None:
             n = min(n, self._focus_allowance(len(q), probe))
@@ -832,27 +815,13 @@ class Window:
             full = self._assemble(then=ridden[1])  # the window and the query, one copy
             n_win = full.num_tokens - len(q)
             nxt = Chunk.text(ridden[0].argmax().reshape(1), id="__look__")
-            att, said = ridden[2][:n_win], [ridden[0]]
+            att = ridden[2][:n_win]
             if look:
-                more, ahead = self.backend.query_attention(full, nxt, at + len(q), return_logits=True)
-                att, said = (att + more[:n_win]) / 2, said + list(ahead)
+                att = (att + self.backend.query_attention(full, nxt, at + len(q))[:n_win]) / 2
                 self.backend.forget(nxt)
         else:
             past = self._assemble()
-            att, full, said = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True,
-                                                           return_logits=True)  # [window tokens], ..., [1 + look, V]
-        import os
-        if os.environ.get("WK_DEBUG_FOCUS"):
-            print("FOCUS", [round(_margin(x), 2) for x in said], "n", n, "pool", pool.numel(), "allow", self._focus_allowance(len(q), probe) if self.focus_budget else None, flush=True)
-        if gate and min(map(_margin, said)) >= self.focus_margin and os.environ.get("WK_MARGIN_MODE") == "widen":
-            n = min(n, self.repair.query)
-        elif gate and min(map(_margin, said)) >= self.focus_margin:  # sure already: keep the account for a doubt
-            self.backend.forget(q)
-            self.stats.forwards += look + (ridden is None)
-            self.stats.prefill_tokens += probe
-            self.stats.probe_tokens += probe
-            self.stats.focus_skips += 1
-            return 0, (said[0], full.slice(at, at + len(q)), full)
+            att, full = self.backend.query_attention(past, q, at, lookahead=look, return_kv=True)  # [window tokens]
         top = att[pool].topk(n).indices.sort().values
         picked: dict[int, list[int]] = {}
         for j in top.tolist():

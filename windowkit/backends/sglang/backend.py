@@ -220,10 +220,9 @@ class SGLangBackend:
         return self.kv_backend.recompute(past, chunks, starts, offsets, **kw)
 
     def query_attention(self, past: ChunkKV, query: Chunk, start: int, rows: int = 1, lookahead: int = 0,
-                        return_kv: bool = False, return_logits: bool = False) -> Any:
+                        return_kv: bool = False) -> Any:
         """The query's attention over ``past``, read on ``kv_backend`` (UnsupportedModelError where it reads none)."""
-        return self.kv_backend.query_attention(past, query, start, rows=rows, lookahead=lookahead, return_kv=return_kv,
-                                               return_logits=return_logits)
+        return self.kv_backend.query_attention(past, query, start, rows=rows, lookahead=lookahead, return_kv=return_kv)
 
     # ------------------------------------------------------------------ serving through SGLang
     def request(self, window: Any, query_ids: Sequence[int], *, sampling_params: Optional[dict] = None,
