@@ -177,3 +177,26 @@ def test_bad_agent_inputs_are_refused(model):
         agent.run(frames, make_plan(3, 3), ())
     with pytest.raises(WindowkitError, match="refresh policy 'threshold' takes a number"):
         LongVideoAgent(model, window=3, prefix=prefix, reference=False, refresh="threshold:x")
+
+
+def test_the_simulator_replays_this_window_on_the_trace_it_records(model, tmp_path):
+    """The run recorded (``LongVideoAgent(record=...)``) and replayed by the simulator: its Window prefills, step
+    by step, the tokens the real Window on Qwen2.5-VL did (+ the query, which the trace counts). The real backend
+    reads no query attention, so the balanced rule's query:96 is spent by position; the simulator spends it so on a
+    trace with visual chunks. Spent by attention instead (a text LLM's focus, not modeled), the slides would look
+    7 tokens a step cheaper than this Window is."""
+    from windowkit.trace import simulate
+    from windowkit.trace.strategies import WindowkitStrategy
+    from windowkit.trace.io import read_trace
+
+    frames, ask, prefix = binding_video(N, seed=SEED)
+    agent = LongVideoAgent(model, window=3, prefix=prefix, blind=False, max_new_tokens=1, record=tmp_path / "t.jsonl")
+    report = agent.run(frames, make_plan(N, 3, N, [13], lookback=BINDING_LOOKBACK), ask=ask)
+    trace = read_trace(tmp_path / "t.jsonl")
+    real = [r.delta["prefill_tokens"] + s.query_tokens for r, s in zip(report.steps, trace)]
+    res = simulate(trace, "cpu-tiny", ["windowkit", "radix"], progress=False)
+    assert res.meta["windowkit_repair"] == agent.win.repair.name == "head:128+query:96@position"
+    assert [c.prefill_tokens for c in res.steps["windowkit"]] == real
+    assert real[4] == 22 == res.steps["radix"][4].prefill_tokens  # a slide: both survivors re-conditioned
+    text = simulate(trace, "cpu-tiny", [WindowkitStrategy(reads_attention=True)], progress=False)
+    assert [c.prefill_tokens for c in text.steps["windowkit"]][4] == 15  # head only: the new frame 7 + 7 + query 1

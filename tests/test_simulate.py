@@ -362,3 +362,23 @@ def test_simulate_repair_runs_another_point_of_the_front(tmp_path, capsys):
     assert main([str(path), "--strategy", "windowkit", "--repair", "sink:2", "--no-progress"]) == 0
     assert "survivor repair: windowkit sink:2" in capsys.readouterr().out
 
+
+
+def test_a_visual_trace_spends_the_query_part_by_position_as_a_vlm_window_does():
+    """The balanced rule is head:128+query:96. A VLM's backend reads no query attention, so its Window spends the
+    query part by position at the edit; a text LLM's focus reads attention within the account and is not modeled.
+    Slide [A B C] -> [B C D] of 200-token chunks, a 1-token query, counted by hand: step 1 prefills D (200) + the
+    query (1) + the first survivor's first 128 tokens (text) or its first 128 + 96 = 224 (image)."""
+    from windowkit.trace.strategies import WindowkitStrategy
+
+    def trace(kind):
+        ref = lambda i: ChunkRef(id="abcd"[i], tokens=200, kind=kind)  # noqa: E731
+        return Trace([Step(step=0, context=[ref(0), ref(1), ref(2)], ordered=True, query_tokens=1),
+                      Step(step=1, context=[ref(1), ref(2), ref(3)], ordered=True, query_tokens=1)])
+
+    for kind, repaired, rule in (("text", 128, "head:128+query:96"), ("image", 224, "head:128+query:96@position")):
+        res = simulate(trace(kind), P, strategies=["windowkit"], progress=False)
+        assert [c.prefill_tokens for c in res.steps["windowkit"]] == [601, 201 + repaired], kind
+        assert res.meta["windowkit_repair"] == rule
+    forced = simulate(trace("image"), P, strategies=[WindowkitStrategy(reads_attention=True)], progress=False)
+    assert forced.steps["windowkit"][1].prefill_tokens == 201 + 128

@@ -340,6 +340,13 @@ class WindowkitStrategy(Strategy):
               "belady" (offline OPT: its future is filled from the trace in ``prepare``), or an instance
     refresh:  a ``policies.refresh`` policy or name ("never", "always", "threshold:0.3", "budget:2"),
               applied after each step's ``assign`` (None: the Window's default, keep-as-is)
+    reads_attention: whether the model the trace stands for reads query attention, which decides how the Window
+              spends its repair rule's ``query:N`` part. None (default): from the trace, as the Window does on the
+              real backend: a trace with a visual chunk is a VLM's (the M-RoPE families read no attention), whose
+              Window spends ``query:N`` by position at the edit (``RepairRule.by_position``), every token of it
+              counted here; a text-only trace is a text LLM's, whose focus reads the query's attention within
+              ``focus_budget``'s account and is not modeled (the cost model has no attention). True / False
+              force one or the other.
 
         WindowkitStrategy(store_budget_bytes=1 << 20, store_policy="belady", refresh="threshold:0.3")
     """
@@ -348,9 +355,10 @@ class WindowkitStrategy(Strategy):
 
     def __init__(self, rank: int = 32, mode: str = "patch", store_budget_bytes: Optional[int] = None,
                  vision_cache: bool = True, name: str = "windowkit", store_policy: Any = None,
-                 refresh: Any = None, anticipate: bool = False, **window_kw: Any):
+                 refresh: Any = None, anticipate: bool = False, reads_attention: Optional[bool] = None,
+                 **window_kw: Any):
         self.rank, self.mode, self.budget, self.vision_cache = rank, mode, store_budget_bytes, vision_cache
-        self.name, self.anticipate = name, bool(anticipate)
+        self.name, self.anticipate, self.reads_attention = name, bool(anticipate), reads_attention
         self._orders: Sequence[Sequence[ChunkRef]] = ()
         self.store_policy, self.refresh = store_policy, refresh
         self.window_kw = window_kw  # passed to Window(...), e.g. form="eager", repair="sink:8", svd="randomized"
@@ -381,10 +389,19 @@ class WindowkitStrategy(Strategy):
     def prepare(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]]) -> None:
         """For a Belady store: the oracle's future, every store entry this Window reads at each step, recorded
         from a dry run of the same steps with an unbounded store (the Window's own reads, not a model of them)."""
+        self._model_family(steps)
         pol = self.store.policy
         if hasattr(pol, "set_future"):
             pol.set_future(self.reads(steps, orders))
         self._orders = list(orders) if self.anticipate else ()
+
+    def _model_family(self, steps: Sequence[Step]) -> None:
+        """Spend the rule's query:N part as the Window does on the trace's model family (``reads_attention``)."""
+        reads = self.reads_attention
+        if reads is None:
+            reads = not any(x.is_visual for s in steps for x in s.context)
+        if not reads:
+            self.win.repair = self.win.repair.by_position()
 
     def reads(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]],
               profile: Optional[CostProfile] = None) -> dict[tuple, list[int]]:
@@ -395,9 +412,11 @@ class WindowkitStrategy(Strategy):
             fut = WindowkitStrategy(form="eager").reads(list(trace), resolve_orders(trace), load_profile("cpu-tiny"))
         """
         twin = WindowkitStrategy(rank=self.rank, mode=self.mode, vision_cache=self.vision_cache,
-                                 refresh=self.refresh, name=self.name, **self.window_kw)
+                                 refresh=self.refresh, name=self.name, reads_attention=self.reads_attention,
+                                 **self.window_kw)
         twin.store_policy = _ReadLog  # unbounded: a store policy only orders what it holds, nothing is evicted
         twin.reset(profile if profile is not None else self.p)
+        twin._model_family(steps)
         for step, order in zip(steps, orders):
             twin.step(step, order)
         return twin.store.policy.uses
