@@ -175,7 +175,8 @@ def table(results: list[dict]) -> str:
             c = f"{x['cost_share']:.2f} / {x['mean_kl']:.4f} / {100 * x['same_number']:.0f} %"
             cells.append(f"**{c}**" if rule in fr else c)
         lines.append(f"| `{rule}` | " + " | ".join(cells) + " |")
-    lines += ["", "**bold**: on the cost / KL front of the realizable rules (no cheaper rule within 5 % of its KL and no rule as cheap with a lower one; `deep:L` is a diagnostic: exact KV in "
+    lines += ["", "**bold**: on the cost / KL front of the realizable rules (no cheaper rule within 5 % of its KL "
+                  "and no rule as cheap with a lower one; `deep:L` is a diagnostic: exact KV in "
                   "layers >= L needs the full forward). `layers:L`: every survivor recomputed in the first L of "
                   f"{results[0]['num_layers']} layers; `head+layers:L`: the head survivor whole, the rest in the "
                   "first L layers."]
