@@ -76,10 +76,10 @@ def markdown(rows: list[dict]) -> str:
     ran = sorted({r["rules"]["default"]["rule"] for r in rows})  # by position on the visual traces (a VLM's Window)
     default_rule = "` / `".join(ran) if ran else "?"
     meets = {n: sum(r["rules"][n]["meets"] for r in rows) for n in names}
+    counts = ", ".join(f"`{n}` {k}/{len(rows)}" for n, k in meets.items())
     lines += ["", f"windowkit / radix (modeled time) per repair rule; **bold**: meets the target in force. `default` "
                   f"runs `{default_rule}` (the query part by position on traces with visual chunks: a VLM reads no "
-                  "query attention; text: its focus is not modeled). Rows meeting it: " + ", ".join(f"`{n}` {k}/{len(rows)}"
-                                                                          for n, k in meets.items()) + ".",
+                  f"query attention; text: its focus is not modeled). Rows meeting it: {counts}.",
               "", "The same rules on real weights (SmolLM2-135M, sliding stream k = 8, tasks version 1, N = 200; "
                   "answer = exact / mean KL): " + ", ".join(f"`{k}` {v}" for k, v in REAL_WEIGHTS.items())
               + " (docs/real-weights.md)."]

@@ -186,8 +186,8 @@ def test_the_simulator_replays_this_window_on_the_trace_it_records(model, tmp_pa
     trace with visual chunks. Spent by attention instead (a text LLM's focus, not modeled), the slides would look
     7 tokens a step cheaper than this Window is."""
     from windowkit.trace import simulate
-    from windowkit.trace.strategies import WindowkitStrategy
     from windowkit.trace.io import read_trace
+    from windowkit.trace.strategies import WindowkitStrategy
 
     frames, ask, prefix = binding_video(N, seed=SEED)
     agent = LongVideoAgent(model, window=3, prefix=prefix, blind=False, max_new_tokens=1, record=tmp_path / "t.jsonl")

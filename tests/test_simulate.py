@@ -363,12 +363,12 @@ def test_simulate_repair_runs_another_point_of_the_front(tmp_path, capsys):
     assert "survivor repair: windowkit sink:2" in capsys.readouterr().out
 
 
-
 def test_a_visual_trace_spends_the_query_part_by_position_as_a_vlm_window_does():
     """The balanced rule is head:128+query:96. A VLM's backend reads no query attention, so its Window spends the
     query part by position at the edit; a text LLM's focus reads attention within the account and is not modeled.
     Slide [A B C] -> [B C D] of 200-token chunks, a 1-token query, counted by hand: step 1 prefills D (200) + the
     query (1) + the first survivor's first 128 tokens (text) or its first 128 + 96 = 224 (image)."""
+    from windowkit.errors import WindowkitError
     from windowkit.trace.strategies import WindowkitStrategy
 
     def trace(kind):
@@ -382,3 +382,5 @@ def test_a_visual_trace_spends_the_query_part_by_position_as_a_vlm_window_does()
         assert res.meta["windowkit_repair"] == rule
     forced = simulate(trace("image"), P, strategies=[WindowkitStrategy(reads_attention=True)], progress=False)
     assert forced.steps["windowkit"][1].prefill_tokens == 201 + 128
+    with pytest.raises(WindowkitError, match="reads_attention"):
+        WindowkitStrategy(reads_attention="yes")

@@ -358,6 +358,9 @@ class WindowkitStrategy(Strategy):
                  refresh: Any = None, anticipate: bool = False, reads_attention: Optional[bool] = None,
                  **window_kw: Any):
         self.rank, self.mode, self.budget, self.vision_cache = rank, mode, store_budget_bytes, vision_cache
+        if reads_attention not in (None, True, False):
+            raise WindowkitError("reads_attention must be None (from the trace), True or False, "
+                                 f"got {reads_attention!r}")
         self.name, self.anticipate, self.reads_attention = name, bool(anticipate), reads_attention
         self._orders: Sequence[Sequence[ChunkRef]] = ()
         self.store_policy, self.refresh = store_policy, refresh
@@ -387,8 +390,9 @@ class WindowkitStrategy(Strategy):
         self._t = 0  # step index (the Belady oracle's clock)
 
     def prepare(self, steps: Sequence[Step], orders: Sequence[Sequence[ChunkRef]]) -> None:
-        """For a Belady store: the oracle's future, every store entry this Window reads at each step, recorded
-        from a dry run of the same steps with an unbounded store (the Window's own reads, not a model of them)."""
+        """Before the steps: the repair rule spent as on the trace's model family (``reads_attention``); for a
+        Belady store, the oracle's future, every store entry this Window reads at each step, recorded from a dry
+        run of the same steps with an unbounded store (the Window's own reads, not a model of them)."""
         self._model_family(steps)
         pol = self.store.policy
         if hasattr(pol, "set_future"):
