@@ -23,7 +23,8 @@ realizable cheaply (their hidden states need the full forward) and are not on th
   mean KL      next-token KL(exact || window) at the question's last token (the answer's first token)
   same number  the greedy answer's number equals exact re-prefill's
 
-Writes ``bench/results/layer_refresh.json`` and ``bench/results/layer_refresh.md``.
+Writes ``bench/results/layer_refresh.json``, ``bench/results/layer_refresh.md`` and ``docs/img/layer_refresh.png``
+(``--table JSON`` redraws the table and the plot from a run's JSON).
 """
 from __future__ import annotations
 
@@ -183,6 +184,54 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict], path: str) -> None:
+    """Cost share (x) against mean KL (y, log) per rule, one panel per setting: the token-sparse rules, the
+    layer-sparse ones (a line through L), and the ``deep:L`` diagnostic (hollow, not realizable cheaply)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6.2 * len(results), 4.6), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        rules = r["rules"]
+        pt = lambda name: (rules[name]["cost_share"], rules[name]["mean_kl"])  # noqa: E731
+        token = [n for n in TOKEN_RULES if n != "all"]  # "all" is exact (KL 0 at 1.0): named in the corner
+        for group, style, off in ((token, dict(marker="o", color="tab:blue", label="token-sparse (the Window's)"),
+                                   (3, 4)),
+                                  ([f"head+layers:{L}" for L in (2, 4)],
+                                   dict(marker="s", color="tab:green", label="head + first L layers"), (3, -10))):
+            xs, ys = zip(*(pt(n) for n in group))
+            ax.scatter(xs, ys, **style)
+            for n, x, y in zip(group, xs, ys):
+                ax.annotate(n, (x, y), fontsize=7, xytext=off, textcoords="offset points", color=style["color"])
+        lay = [f"layers:{L}" for L in SHALLOW]
+        xs, ys = zip(*(pt(n) for n in lay))
+        ax.plot(xs, ys, marker="^", color="tab:red", label="first L layers, every survivor")
+        for L, x, y in zip(SHALLOW, xs, ys):
+            if L >= 4:  # layers:1 and :2 sit on none
+                ax.annotate(f"layers:{L}", (x, y), fontsize=7, xytext=(3, 4), textcoords="offset points",
+                            color="tab:red")
+        deep = [f"deep:{L}" for L in DEEP]
+        xs, ys = zip(*(pt(n) for n in deep))
+        ax.scatter(xs, ys, marker="D", facecolors="none", edgecolors="gray", label="deep:L (diagnostic)")
+        for n, x, y in zip(deep, xs, ys):
+            ax.annotate(n, (x, y), fontsize=7, xytext=(-40, 3), textcoords="offset points", color="gray")
+        ax.set_yscale("log")
+        ax.text(0.98, 0.02, "all: exact (KL 0) at 1.00", transform=ax.transAxes, ha="right", fontsize=7)
+        ax.set_xlabel("prefill (token-layers) / prefix cache's")
+        ax.set_ylabel("mean next-token KL vs exact re-prefill (nats)")
+        ax.set_title(f"{r['setting']}: k = {r['k']} x ~{r['chunk_tokens']} tokens, N = {r['n']}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_xlim(0, 1.08)
+    fig.suptitle("SmolLM2-135M: survivor repair after a slide, by token and by layer", fontsize=11)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", dest="json_path", default="bench/results/layer_refresh.json")
@@ -192,13 +241,16 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen-tokens", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--table", metavar="JSON", default=None, help="only rewrite --md from this run's JSON")
+    ap.add_argument("--plot", default="docs/img/layer_refresh.png", help="write the cost / KL plot here ('' none)")
+    ap.add_argument("--table", metavar="JSON", default=None, help="only rewrite --md (and --plot) from this JSON")
     args = ap.parse_args(argv)
     if args.table:
         got = json.loads(Path(args.table).read_text())
         meta, md = got["meta"], table(got["results"])
         Path(args.md).write_text(f"Layer-sparse refresh on real weights (commit {meta['commit']}, {meta['date']}, "
                                  f"{meta['wall_s']:.0f} s)\n\n" + md + "\n")
+        if args.plot:
+            plot(got["results"], args.plot)
         print(md)
         return 0
     torch.set_num_threads(args.threads)
@@ -222,6 +274,8 @@ def main(argv=None) -> int:
     Path(args.json_path).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     Path(args.md).write_text(f"Layer-sparse refresh on real weights (commit {meta['commit']}, {meta['date']}, "
                              f"{meta['wall_s']:.0f} s)\n\n" + md + "\n")
+    if args.plot:
+        plot(results, args.plot)
     return 0
 
 
