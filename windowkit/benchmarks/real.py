@@ -215,8 +215,7 @@ class Strategy:
     """How one strategy runs a step. ``window``: Window constructor arguments (None: not a Window);
     ``after``: called on the window after the edit, before the question (refresh policies);
     ``blend``: CacheBlend recompute fraction over a blind window; ``ahead``: between steps of a stream, also prepare
-    the next slide (``prefetch(next=...)``) after forming canonicals and patches, its first ``ahead_entries`` kept
-    entries (None: all of them); ``note``: one line for the docs."""
+    the next slide (``prefetch(next=...)``) after forming canonicals and patches; ``note``: one line for the docs."""
 
     name: str
     window: Optional[dict] = None
@@ -224,7 +223,6 @@ class Strategy:
     blend: Optional[float] = None
     note: str = ""
     ahead: bool = False
-    ahead_entries: Optional[int] = None
 
 
 def _refresh(spec: str) -> Callable[[Any], Any]:
@@ -277,11 +275,6 @@ def build_strategies() -> dict[str, Strategy]:
             Strategy("ahead", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, ahead=True,
                      note="the default, and between stream steps win.prefetch(next=...) of the entries the next "
                           "slide keeps, prepared off the critical path (one-step histories: the default)"),
-            Strategy("ahead-head", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, ahead=True,
-                     ahead_entries=1,
-                     note="the default, and between stream steps win.prefetch(next=[...]) of the next slide's "
-                          "first entry only (its head: one chunk off the critical path, the step's account left "
-                          "to the next survivor and the focus)"),
         ]
     return {x.name: x for x in s}
 
@@ -519,8 +512,7 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
             w.prefetch()  # between steps: canonicals + patches for the contexts seen (off the critical path)
             if strategies[name].ahead:  # and the entries a slide keeps (the agent's sliding policy; a coming
                 # look-back is not guessed, and the entry a look-back just recalled is not kept)
-                keep = [chunks[i].id for i in range(step.index + 1, step.index + k)]
-                w.prefetch(next=keep[:strategies[name].ahead_entries])
+                w.prefetch(next=[chunks[i].id for i in range(step.index + 1, step.index + k)])
             rows[name]["idle_tokens"] = w.stats.prefill_tokens - p0  # off the critical path: not in its tokens
         prev = want
         out.append(rows)
