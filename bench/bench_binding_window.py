@@ -73,7 +73,8 @@ def run_rule(model, seed: int, rule: str) -> dict:
     rep = agent.run(frames, plan, (), (), ask=ask)
     s = rep.summary()
     mh = [r for r in rep.steps if r.question_kind == "multi_hop"]
-    return dict(seed=seed, rule=rule, repair=agent.win.repair.name, multi_hop=len(mh),
+    repair = "removal_patches=True" if rule == "removal" else agent.win.repair.name
+    return dict(seed=seed, rule=rule, repair=repair, multi_hop=len(mh),
                 windowkit_right=sum(bool(r.correct) for r in mh), exact_right=sum(bool(r.exact_correct) for r in mh),
                 answers_differ=sum(r.correct != r.exact_correct for r in mh),
                 kl_mean=s["kl_mean"], kl_max=s["kl_max"], argmax_agree=s["argmax_agree"],
