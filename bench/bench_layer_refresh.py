@@ -40,7 +40,7 @@ import torch
 
 import windowkit as wk
 from bench._meta import short_commit, utc_stamp
-from bench.bench_repair import _kl, _number, _scenario, SYSTEM
+from bench.bench_repair import _kl, _number, _scenario, system_prefix
 from windowkit.kv import ChunkKV, concat
 from windowkit.window import RepairRule
 
@@ -74,8 +74,7 @@ def answer(backend, past: ChunkKV, start: int, qids: torch.Tensor, gen_tokens: i
 def run(setting: str, k: int, target_tokens: int, n: int, seed: int, backend, tok, gen_tokens: int) -> dict:
     rng = random.Random(seed)
     n_layers = backend.layout.num_layers
-    prefix = torch.tensor(tok(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nRecords:",
-                              add_special_tokens=False).input_ids)
+    prefix = system_prefix(tok)
     names = TOKEN_RULES + [f"layers:{L}" for L in SHALLOW] + [f"head+layers:{L}" for L in (2, 4)] + \
         [f"deep:{L}" for L in DEEP]
     rows = {r: {"cost": [], "kl": [], "same": []} for r in names}

@@ -137,10 +137,15 @@ def _number(tok, ids: list[int]):
     return int(m.group()) if m else None
 
 
+def system_prefix(tok) -> torch.Tensor:
+    """The scenarios' fixed prefix: the chat template's system turn and the opening of the user's records."""
+    return torch.tensor(tok(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nRecords:",
+                            add_special_tokens=False).input_ids)
+
+
 def run(setting: str, k: int, target_tokens: int, n: int, seed: int, backend, tok, rules, gen_tokens: int):
     rng = random.Random(seed)
-    prefix = torch.tensor(tok(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nRecords:",
-                              add_special_tokens=False).input_ids)
+    prefix = system_prefix(tok)
     rows = {r: {"cost": [], "kl": [], "same": [], "same_right": [], "step_s": []} for r in rules}
     exact_right = 0
     for s in range(n):
