@@ -40,7 +40,7 @@ import torch
 
 import windowkit as wk
 from bench._meta import short_commit, utc_stamp
-from bench.bench_repair import _kl, _number, _scenario, system_prefix
+from bench.bench_repair import _kl, _number, exact_window, scenario_chunks, system_prefix
 from windowkit.kv import ChunkKV, concat
 from windowkit.window import RepairRule
 
@@ -80,11 +80,8 @@ def run(setting: str, k: int, target_tokens: int, n: int, seed: int, backend, to
     rows = {r: {"cost": [], "kl": [], "same": []} for r in names}
     exact_right = 0
     for s in range(n):
-        chunks, qids, ans, target = _scenario(tok, rng, k, target_tokens, s)
-        cs = [wk.Chunk.text(c, id=f"L{setting}{s}-c{i}") for i, c in enumerate(chunks)]
-        ex = wk.Window(backend, mode="exact", prefix=prefix)
-        for c in cs[1:]:
-            ex.admit(c)
+        cs, qids, ans, target = scenario_chunks(tok, rng, k, target_tokens, s, f"L{setting}")
+        ex = exact_window(backend, prefix, cs[1:])
         ex_kv, start = ex.window_kv(), ex.next_position
         ex_logits, ex_ids = answer(backend, ex_kv, start, qids, gen_tokens, f"L{setting}{s}-ex")
         ex_num = _number(tok, ex_ids)

@@ -143,18 +143,29 @@ def system_prefix(tok) -> torch.Tensor:
                             add_special_tokens=False).input_ids)
 
 
+def scenario_chunks(tok, rng: random.Random, k: int, target_tokens: int, s: int, tag: str):
+    """Scenario ``s`` as windowkit Chunks (ids ``{tag}{s}-c{i}``), the question ids, the expected number and the
+    chunk the question is about."""
+    chunks, qids, answer, target = _scenario(tok, rng, k, target_tokens, s)
+    return [wk.Chunk.text(c, id=f"{tag}{s}-c{i}") for i, c in enumerate(chunks)], qids, answer, target
+
+
+def exact_window(backend, prefix: torch.Tensor, chunks) -> "wk.Window":
+    """The reference: an exact re-prefill window of the prefix and these chunks."""
+    ex = wk.Window(backend, mode="exact", prefix=prefix)
+    for c in chunks:
+        ex.admit(c)
+    return ex
+
+
 def run(setting: str, k: int, target_tokens: int, n: int, seed: int, backend, tok, rules, gen_tokens: int):
     rng = random.Random(seed)
     prefix = system_prefix(tok)
     rows = {r: {"cost": [], "kl": [], "same": [], "same_right": [], "step_s": []} for r in rules}
     exact_right = 0
     for s in range(n):
-        chunks, qids, answer, target = _scenario(tok, rng, k, target_tokens, s)
-        cs = [wk.Chunk.text(c, id=f"{setting}{s}-c{i}") for i, c in enumerate(chunks)]
-        # the reference: exact re-prefill of prefix + survivors + new chunk + question
-        ex = wk.Window(backend, mode="exact", prefix=prefix)
-        for c in cs[1:]:
-            ex.admit(c)
+        cs, qids, answer, target = scenario_chunks(tok, rng, k, target_tokens, s, setting)
+        ex = exact_window(backend, prefix, cs[1:])  # prefix + survivors + new chunk (+ the question below)
         ex_logits = ex.forward(qids)
         ex_num = _number(tok, ex.generate(qids, gen_tokens))
         right = ex_num == answer

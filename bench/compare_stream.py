@@ -49,8 +49,7 @@ def score(rows: list[dict], s: str) -> dict:
             "agree_where_exact_right": r["agree_where_exact_right"] or 0.0,
             "accuracy_minus_exact_points": 100 * r["accuracy_minus_exact"],
             "accuracy_minus_exact_ci95_points": [100 * x for x in r["accuracy_minus_exact_ci95"]],
-            # exact's right answers: the strategy's, plus those it lost, minus those it gained
-            "exact_accuracy": (round(r["accuracy"] * r["n"]) + r["lost"] - r["gained"]) / r["n"],
+            "exact_accuracy": r["exact_accuracy"],
             "lost": r["lost"], "gained": r["gained"],
             "cost_vs_prefix_cache": r["cost_share_vs_prefix_cache"]}
 

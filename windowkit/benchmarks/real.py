@@ -583,6 +583,7 @@ def summarize(rows: list[dict]) -> dict:
             "agree": agree / max(n, 1), "agree_ci95": wilson(agree, n),
             "agree_where_exact_right": (sum(r["agree"] for r in ex_right) / len(ex_right)) if ex_right else None,
             "accuracy": corr / max(n, 1), "accuracy_ci95": wilson(corr, n),
+            "exact_accuracy": len(ex_right) / max(n, 1),
             # the paired difference to exact on the same items (the target "within 1 point" reads this)
             "accuracy_minus_exact": delta, "accuracy_minus_exact_ci95": delta_ci, "lost": lost, "gained": gained,
             "prefill_tokens": tok / max(n, 1), "cost_share_vs_prefix_cache": tok / max(pc, 1),
