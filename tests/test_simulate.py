@@ -1,12 +1,14 @@
 """Simulator accounting on hand-made traces, with every expected cost computed by hand below."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from windowkit import Window
 from windowkit.trace import ChunkRef, CostModelBackend, Step, Trace, simulate
 from windowkit.trace.generators import grow_interleave, random_lookback, sliding_window
-from windowkit.trace.simulate import resolve_orders
+from windowkit.trace.simulate import load_trace_arg, resolve_orders
 
 from hand_trace import A, B, C, P, T  # noqa: E402  (tests/hand_trace.py)
 
@@ -384,3 +386,26 @@ def test_a_visual_trace_spends_the_query_part_by_position_as_a_vlm_window_does()
     assert forced.steps["windowkit"][1].prefill_tokens == 201 + 128
     with pytest.raises(WindowkitError, match="reads_attention"):
         WindowkitStrategy(reads_attention="yes")
+
+
+def test_the_belady_future_is_what_this_window_reads_on_a_visual_trace():
+    """``reads`` (the Belady oracle's future, from a twin's dry run) lists the store entries the strategy's own
+    Window reads at each step: the twin spends the repair rule per model family too (by position on this VLM
+    trace), or its survivors' conditioning, and with it the entries read at the look-backs, would differ."""
+    from windowkit.trace.costs import load_profile
+    from windowkit.trace.strategies import WindowkitStrategy, _ReadLog
+
+    trace = load_trace_arg(str(Path(__file__).resolve().parent.parent / "bench/traces/recorded/long_video_qwen.jsonl"))
+    steps, prof = list(trace), load_profile("cpu-tiny")
+    orders = resolve_orders(steps)
+    oracle = WindowkitStrategy()
+    oracle.reset(prof)
+    future = oracle.reads(steps, orders)
+    real = WindowkitStrategy()
+    real.store_policy = _ReadLog  # unbounded and logging, as the oracle's own dry run (it evicts nothing)
+    real.reset(prof)
+    real.prepare(steps, orders)
+    for step, order in zip(steps, orders):
+        real.step(step, order)
+    assert real.win.repair.name.endswith("@position")
+    assert future and future == real.store.policy.uses
