@@ -7,7 +7,12 @@
     for row in report.steps: print(row.admitted, row.evicted, row.delta, row.plan)
 
 The window is kept as WebVoyager keeps its context: the task text chunk first, then the last ``window``
-screenshots (older ones evicted; the task chunk never moves, the surviving screenshots only relocate).
+screenshots (older ones evicted; the task chunk never moves, the surviving screenshots only relocate). With
+``clip=`` (WebVoyager's own rule) a screenshot that leaves the last ``window`` is not dropped but clipped to its
+text where it stood (``text-<i>``: its thought / action / page text, token ids from ``clip(i)``), so the window
+is [task, text-0 .. text-(t-window), last ``window`` screenshots]. With ``anticipate=True`` the agent writes that
+clip between steps (after the grounder, off the timed step) and prepares the next window with it:
+``win.prefetch(next=[task, *texts, clip, *shots[1:]])``. The next step then prefills only its new screenshot.
 Each step runs two model calls on the SAME window, which ``forward`` / ``generate`` leave unchanged:
 
 * planner:  ``win.generate(planner_ids, max_new_tokens)`` (the next action, greedy);
@@ -98,6 +103,14 @@ class WebStepLog:
     ms: float  # assign + planner + grounder on the patch window
     kl: Optional[float] = None  # KL(exact || patch) of the planner's next-token distribution
     argmax_agree: Optional[bool] = None
+    texts: list[str] = field(default_factory=list)  # clipped observations held (``clip=``), between task and shots
+    idle_tokens: int = 0  # prefilled between steps (``anticipate``: the next window prepared), not in ``delta``
+    idle_ms: float = 0.0
+
+    @property
+    def ids(self) -> list[str]:
+        """The window this step read, in order."""
+        return ["task"] + self.texts + self.screenshots
 
 
 @dataclass
@@ -119,7 +132,9 @@ class WebReport:
                     windowkit_prefill_tokens=sum(r.delta["prefill_tokens"] for r in self.steps),
                     prefix_cache_tokens=sum(r.prefix_cache_tokens for r in self.steps),
                     exact_prefill_tokens=sum(r.window_tokens for r in self.steps),
-                    windowkit_ms=sum(r.ms for r in self.steps))
+                    windowkit_ms=sum(r.ms for r in self.steps),
+                    windowkit_idle_tokens=sum(r.idle_tokens for r in self.steps),
+                    windowkit_idle_ms=sum(r.idle_ms for r in self.steps))
 
 
 # ====================================================================== the agent
@@ -132,13 +147,27 @@ class WebAgent:
     rank, mode, form: passed to ``Window`` (docs/window.md)
     reference: also keep a mode="exact" window over the same contents (fidelity of the planner's logits)
     record:    a JSONL trace path: ``run`` writes one step per screenshot (the file is rewritten by each ``run``)
+    clip:      ``clip(i) -> token ids`` of screenshot i's text: a screenshot leaving the last ``window`` turns into
+               that text chunk (``text-<i>``) where it stood (WebVoyager's context rule); None: it is evicted
+    anticipate: between steps (after the grounder, off the timed step), prepare the next window without its new
+               screenshot, the coming clip included: ``win.prefetch(next=...)``. Counted apart: ``idle_tokens``,
+               ``idle_ms``
+
+        agent = WebAgent(model, window=3, form="lazy", clip=lambda i: tok(f"Step {i}: clicked Search."),
+                         anticipate=True)
     """
 
     def __init__(self, model: Any, *, window: int = 3, viewport: tuple[int, int] = (168, 112),
                  rank: Optional[int] = 32, mode: str = "patch", form: str = "eager", reference: bool = True,
-                 model_path: Optional[str] = None, max_new_tokens: int = 4, record: Union[str, Path, None] = None):
+                 model_path: Optional[str] = None, max_new_tokens: int = 4, record: Union[str, Path, None] = None,
+                 clip: Optional[Callable[[int], Sequence[int]]] = None, anticipate: bool = False):
         if int(window) < 1:
             raise WindowkitError(f"window must be >= 1 screenshot, got {window}")
+        if clip is not None and not callable(clip):
+            raise WindowkitError(f"clip must be a callable index -> token ids, got {type(clip).__name__}")
+        if anticipate and (form != "lazy" or mode != "patch"):
+            raise WindowkitError("anticipate=True prepares exact conditioned copies, which only a form='lazy', "
+                                 f"mode='patch' Window keeps (got form={form!r}, mode={mode!r}): pass form='lazy'")
         self.window = int(window)
         self.max_new_tokens = int(max_new_tokens)
         self.encoder = FrameEncoder(model, viewport, model_path)
@@ -151,6 +180,8 @@ class WebAgent:
         self._prev: list[Chunk] = []
         self.record = record
         self.recorder = None  # the open TraceRecorder while ``run`` records
+        self.clip, self.anticipate = clip, bool(anticipate)
+        self._clips: dict[int, Chunk] = {}  # screenshot index -> its text chunk, made once
 
     # ------------------------------------------------------------------ input
     def screenshot_chunk(self, image: Any, index: int) -> Chunk:
@@ -172,6 +203,23 @@ class WebAgent:
         c.id = f"shot-{index}"
         return c
 
+    def clip_chunk(self, index: int) -> Chunk:
+        """Screenshot ``index`` clipped to its text (``clip(index)``), as the text chunk ``text-<index>`` (made once)."""
+        c = self._clips.get(index)
+        if c is None:
+            ids = torch.as_tensor(list(self.clip(index)), dtype=torch.long)
+            if ids.dim() != 1 or ids.numel() == 0:
+                raise ChunkError(f"clip({index}) must give a non-empty list of token ids")
+            c = self._clips[index] = Chunk.text(ids, id=f"text-{index}")
+        return c
+
+    def context(self, shots: Sequence[Chunk]) -> list[Chunk]:
+        """The window over the screenshots ``shots`` seen so far: the task, the clips of those older than the last
+        ``window`` (with ``clip=``), then the last ``window`` screenshots."""
+        cut = max(0, len(shots) - self.window)
+        texts = [self.clip_chunk(i) for i in range(cut)] if self.clip is not None else []
+        return [self.task] + texts + list(shots[cut:])
+
     # ------------------------------------------------------------------ running
     def start(self, task_ids: Sequence[int]) -> None:
         """Set the task chunk (first in the window from the next step on)."""
@@ -189,7 +237,7 @@ class WebAgent:
         index = len(self.shots)
         shot = self.screenshot_chunk(image, index)  # may raise: nothing edited yet
         held = (self.shots + [shot])[-self.window:]
-        wanted = [self.task] + held
+        wanted = self.context(self.shots + [shot])  # a bad clip raises here: nothing edited yet
         before = self.win.stats.as_dict()
         vc0 = self.backend.stats.vision_calls
         t0 = time.perf_counter()
@@ -211,8 +259,14 @@ class WebAgent:
                    "prefill_tokens": after["prefill_tokens"] - mid["prefill_tokens"]}
         row = WebStepLog(index, [c.id for c in held], [cid for op, cid in edits if op in ("admit", "recall")],
                          [cid for op, cid in edits if op == "evict"], delta, between, plan, int(g_logits.argmax()),
-                         sum(len(c) for c in wanted), common_prefix_tokens(self._prev, wanted), ms)
+                         sum(len(c) for c in wanted), common_prefix_tokens(self._prev, wanted), ms,
+                         texts=[c.id for c in wanted[1:len(wanted) - len(held)]])
         self._prev = wanted
+        if self.anticipate and len(held) == self.window:  # the next screenshot pushes the oldest out
+            t_idle = time.perf_counter()
+            nxt = self.context(self.shots + [None])[:-1]  # the next window without its (unknown) new screenshot
+            row.idle_tokens = self.win.prefetch(next=[c if c.id not in self.win else c.id for c in nxt])["prefilled"]
+            row.idle_ms = (time.perf_counter() - t_idle) * 1e3
         if self.ref is not None:
             self.ref.assign(wanted)
             ref_logits = self.ref.forward(planner)
@@ -274,7 +328,9 @@ def format_summary(report: WebReport) -> str:
         f"{s['prefix_cache_tokens']} / {s['exact_prefill_tokens']} |",
         f"| planner next-token KL vs exact: mean / max | {f(s['kl_mean'], '.2e')} / {f(s['kl_max'], '.2e')} |",
         f"| planner argmax agreement | {f(s['argmax_agree'], '.0%')} |",
-        f"| measured ms (windowkit steps) | {s['windowkit_ms']:.0f} |"])
+        f"| measured ms (windowkit steps) | {s['windowkit_ms']:.0f} |"]
+        + ([f"| between steps (the next window prepared): prefill tokens / ms | {s['windowkit_idle_tokens']} / "
+            f"{s['windowkit_idle_ms']:.0f} |"] if s["windowkit_idle_tokens"] else []))
 
 
 __all__ = ["ScreenshotError", "synthetic_screenshot", "WebStepLog", "WebReport", "WebAgent", "STAT_FIELDS",

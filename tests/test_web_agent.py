@@ -206,6 +206,57 @@ def test_planner_answers_vs_exact_reprefill(run, run_default, model):
     assert max(r.kl for r in report_d.steps) < KL_BOUND and all(r.argmax_agree for r in report_d.steps)
 
 
+def _clip(i):
+    return torch.randint(10, 200, (8,), generator=torch.Generator().manual_seed(1000 + i)).tolist()
+
+
+def test_clipped_window_prepared_between_steps_prefills_only_the_new_screenshot(model):
+    """WebVoyager's own context rule (``clip=``): a screenshot leaving the last 3 turns into its text where it stood.
+    With ``anticipate=True`` the agent writes that clip between steps and prepares the next window with it
+    (``win.prefetch(next=[task, *texts, clip, shot, shot])``): each slide then prefills only its new screenshot
+    (26 tokens; without the preparation the Window runs the prefix cache's plan, the clip and 3 screenshots: 86),
+    and the planner's logits and greedy answer equal an exact re-prefill of the same window at every step."""
+    shots = [synthetic_screenshot(i) for i in range(6)]
+    runs = {}
+    for ahead in (False, True):
+        agent = WebAgent(model, window=WINDOW, max_new_tokens=2, form="lazy", clip=_clip, anticipate=ahead)
+        runs[ahead] = (agent, agent.run(shots, *_prompts()))
+    agent, report = runs[True]
+    shot_tokens = (168 // 28) * (112 // 28) + 2
+    for r in report.steps:
+        texts = [f"text-{i}" for i in range(max(0, r.index - WINDOW + 1))]
+        assert r.ids == ["task"] + texts + [f"shot-{i}" for i in range(max(0, r.index - WINDOW + 1), r.index + 1)]
+        assert r.kl < EXACT_KL and r.argmax_agree
+        if r.index >= WINDOW:  # a slide: only the new screenshot
+            assert r.delta["prefill_tokens"] == shot_tokens and r.prefix_cache_tokens == 8 + 3 * shot_tokens
+        # between steps, once the window is full: the coming clip and the two screenshots behind it
+        assert r.idle_tokens == (8 + 2 * shot_tokens if r.index >= WINDOW - 1 else 0)
+    plain = runs[False][1]
+    assert [r.ids for r in plain.steps] == [r.ids for r in report.steps]
+    assert all(r.idle_tokens == 0 and r.kl < EXACT_KL for r in plain.steps)
+    assert [r.delta["prefill_tokens"] for r in plain.steps[WINDOW:]] == [8 + 3 * shot_tokens] * (6 - WINDOW)
+    from windowkit.backends.hf import HFBackend
+    from windowkit.window import Window
+
+    _, planner, _ = _prompts()
+    for r in report.steps:  # the greedy answers of an exact re-prefill of each step's window
+        w = Window(HFBackend(model), mode="exact")
+        for cid in r.ids:
+            w.admit(agent.win.chunk(cid))
+        assert r.plan == w.generate(planner, max_new_tokens=2)
+    assert "between steps (the next window prepared): prefill tokens / ms | 240 /" in format_summary(report)
+    bad = WebAgent(model, window=1, clip=lambda i: [], reference=False)
+    bad.start(_prompts()[0])
+    bad.step(shots[0], *_prompts()[1:])
+    with pytest.raises(ChunkError, match="clip"):
+        bad.step(shots[1], *_prompts()[1:])
+    assert bad.win.ids == ["task", "shot-0"]  # nothing edited
+    with pytest.raises(WindowkitError, match="clip must be a callable"):
+        WebAgent(model, clip=[1, 2])
+    with pytest.raises(WindowkitError, match="form='lazy'"):  # an eager Window keeps no conditioned copies
+        WebAgent(model, anticipate=True)
+
+
 def test_example_runs(capsys):
     from examples.web_agent_window import main
 
@@ -215,6 +266,12 @@ def test_example_runs(capsys):
     assert "extra encodes / vision calls for the grounder | 0 / 0" in out
     # form="lazy": one forward of the new screenshot's tokens per step (26 each), the task once (16)
     assert "prefill tokens: windowkit / prefix cache / exact re-prefill | 68 / 68 / 110" in out
+    assert main(["--steps", "5", "--no-reference", "--clip", "--anticipate"]) == 0  # --anticipate: form lazy
+    out = capsys.readouterr().out
+    # task + 2 screenshots (68), then 3 screenshots: each slide prefills only its new one (26); the prefix cache
+    # re-prefills the clip and the 3 screenshots (86); between steps: 2 x (the clip + 2 screenshots)
+    assert "prefill tokens: windowkit / prefix cache / exact re-prefill | 146 / 266 / 416" in out
+    assert "between steps (the next window prepared): prefill tokens / ms | 180 /" in out
 
 
 def test_recorded_trace_is_the_reported_windows(run, trace_path):

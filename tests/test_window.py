@@ -509,6 +509,40 @@ def test_prefetch_next_prepares_the_next_slide(llama, fidelity):
         assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), logits) <= 1e-6
 
 
+@pytest.mark.parametrize("fidelity", ["balanced", "exact"])
+def test_prefetch_next_prepares_a_rewrite_the_agent_writes_in_place(llama, fidelity):
+    """WebVoyager's context rule: the observation that leaves the last k turns into its text where it stood. The
+    agent writes that text itself, so ``prefetch(next=[..., clip, ...])`` takes the new Chunk with the survivors
+    behind it: one idle forward forms the clip's and the survivors' exact KV in their next contexts. The step
+    then prefills only the new observation (one forward, with the query) and equals transformers' own forward
+    over the whole new window, the clip admitted by the step's edits at its place."""
+    task = text(llama, 5, 2300, "task")
+    shots = [text(llama, 9, 2310 + i, f"shot{i}") for i in range(6)]
+    clips = [text(llama, 4, 2330 + i, f"text{i}") for i in range(6)]
+    bos = text(llama, 2, 2299, "bos")
+    win = wk.Window(llama, prefix=bos, fidelity=fidelity)
+    win.assign([task, *shots[:3]])
+    win.forward(QUERY)
+    for t in range(3, 6):
+        win.flush()
+        nxt = [task, *clips[:t - 2], *shots[t - 2:t]]  # shot t-3 becomes text t-3 where it stood
+        assert win.prefetch(next=[x if x.id not in win else x.id for x in nxt]) == {
+            "prefilled": len(clips[t - 3]) + 2 * len(shots[0])}  # the clip and the two shots behind it
+        f0, p0 = llama.stats.forwards, win.stats.prefill_tokens
+        want = nxt + [shots[t]]
+        win.assign(want)
+        logits = win.forward(QUERY)
+        assert llama.stats.forwards - f0 == 1 and win.stats.prefill_tokens - p0 == len(shots[t])
+        assert win.ids == [c.id for c in want]
+        assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), logits) <= 1e-6
+    with pytest.raises(wk.ChunkError, match="other content"):  # one id, one content (as assign)
+        win.prefetch(next=[task.id, text(llama, 4, 2399, "text0")])
+    with pytest.raises(wk.ChunkError, match="chunk ids or windowkit.Chunk"):
+        win.prefetch(next=[task.id, 7])
+    with pytest.raises(wk.ChunkNotFoundError):
+        win.prefetch(next=["never-seen"])
+
+
 def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monkeypatch):
     """The step ``prefetch(next=...)`` prepared (the window unchanged since, the wanted window opening with the
     prepared chunks in their order, the rest of the window dropped) gets the planner's own answer without running

@@ -330,9 +330,12 @@ class WindowkitStrategy(Strategy):
     charged from the step's stats deltas. ``binding_risk`` counts chunks kept as-is whose conditioning
     was formed on other antecedents (``plan()``'s refresh-patch edits), after the refresh policy ran.
 
-    anticipate: after each step, ``win.prefetch(next=...)`` of the chunks the next step opens with that are in the
-              window now (its leading run of them, in its order): what an agent that knows its own sliding rule
-              prepares between steps (``LongVideoAgent(anticipate=True)``). A guess is never wrong here (the trace
+    anticipate: after each step, ``win.prefetch(next=...)`` of what the next step opens with that the agent holds
+              now: the leading run of its chunks that are in the window now, through its last such chunk, with the
+              new text chunks among them (the agent's own rewrites of its history, such as a screenshot clipped to
+              its text where it stood; a new visual chunk there ends the run: an observation comes from outside).
+              What an agent that knows its own context rule prepares between steps
+              (``LongVideoAgent(anticipate=True)``). A guess is never wrong here (the trace
               says what comes), so a wrong guess's idle cost is not modeled; the critical path is. The prefetch's
               cost is booked as ``idle_ms`` / ``idle_tokens`` of the step before, not in its ``total_ms``.
     store_budget_bytes: bound the store (None: unbounded); the fake KV is 16 bytes per token
@@ -472,14 +475,20 @@ class WindowkitStrategy(Strategy):
         return c
 
     def _prepare_next(self, c: StepCost, nxt: Sequence[ChunkRef]) -> None:
-        """``win.prefetch(next=...)`` of the next step's leading chunks that are live now, booked as ``c``'s idle
-        work (the next step's ledger snapshot is taken after it, so its own cost does not hold it)."""
+        """``win.prefetch(next=...)`` of the next step's leading chunks the agent holds now (``anticipate``), booked
+        as ``c``'s idle work (the next step's ledger snapshot is taken after it, so its own cost does not hold it)."""
         win, led = self.win, self.backend.ledger
-        guess = []
+        guess: list = []
+        held = 0  # guess[:held] ends with a live chunk: new chunks after the last live one are not rewrites
         for x in nxt:
-            if x.id not in win:
+            if x.id in win:
+                guess.append(x.id)
+                held = len(guess)
+            elif x.is_visual:
                 break
-            guess.append(x.id)
+            else:
+                guess.append(self._chunk(x))
+        guess = guess[:held]
         l0, st0 = led.copy(), win.stats.reused_tokens
         win.prefetch(next=guess)
         c.idle_tokens = led.prefill_tokens - l0.prefill_tokens

@@ -345,9 +345,8 @@ def _place_tokens(view: WindowView, cid: str, ante: tuple, orbit: bool = False) 
 def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder: Optional[bool] = None) -> int:
     """Tokens the Window's edits run through the model to turn ``view.ids`` into ``want`` (``assign``'s order of
     edits: evictions, survivor moves, one repair, inserts, one repair; the first repair ends where
-    ``first_repair_end`` says). A survivor whose exact conditioning for
-    its new context is stored costs nothing (``_refresh_free``, as the Window's evictions find it); otherwise an
-    upper bound (a conditioning found free after an insert is not subtracted).
+    ``first_repair_end`` says). A survivor whose exact conditioning for its new context is stored costs nothing
+    (``_refresh_free``, as the Window's evictions and inserts find it); otherwise an upper bound.
     ``reorder`` forces (True) or forbids (False) the one-reorder path; None: ``assign``'s rule decides."""
     ids, ante = list(view.ids), [tuple(a) for a in view.ante]
     wset = set(want)
@@ -394,6 +393,7 @@ def edit_tokens(view: WindowView, want: Sequence[str], rule: RepairRule, reorder
         cost += _place_tokens(view, cid, tuple(ids[:idx]))
         if idx + 1 < len(ids):
             first = idx + 1 if first is None else min(first, idx + 1)
+            _refresh_free(view, ids, ante, idx + 1)  # as admit / recall look behind an insert
     cost += _repair_tokens(ids, ante, view.tokens, first, rule)
     return cost
 

@@ -399,8 +399,10 @@ class Window:
         self._known[chunk.id] = chunk
         self._evicted.pop(chunk.id, None)
         cid = self._insert(chunk, at)
-        if self.mode == "patch" and at is not None:
-            self._repair(self._index(cid) + 1)  # chunks behind a middle insert have a new antecedent
+        if self.mode == "patch" and at is not None:  # chunks behind a middle insert have a new antecedent:
+            behind = self._index(cid) + 1
+            self._refresh_known(behind)  # (their exact KV for it may be stored: prefetch(next=...) of a rewrite)
+            self._repair(behind)
         return cid
 
     def evict(self, which: Where = "head") -> str:
@@ -931,7 +933,7 @@ class Window:
         self._version += 1
         return done
 
-    def prefetch(self, next: Optional[Sequence[str]] = None) -> dict:
+    def prefetch(self, next: Optional[Sequence[Union[str, Chunk]]] = None) -> dict:
         """Off the critical path (between steps): form what deferred forming skipped, for the live chunks.
 
         Every live chunk gets its canonical in the store (a chunk exactly conditioned at the head with no
@@ -940,15 +942,17 @@ class Window:
         forward). A later recall or move into a context seen here then costs zero forwards. Returns
         ``{"encodes": .., "patch_forms": ..}`` done by this call.
 
-        ``next``: instead, the leading chunk ids of the window the agent expects at its next step (known
-        chunks, in order; e.g. ``win.ids[1:]`` before a slide). Their exact conditioned KV in that order is
-        formed now, in one forward of those that lack a stored copy, and kept by context (as a tail admission's
-        is). The next step's edits then find it: the survivors of the slide need no repair, and the step
-        prefills only what is new, exactly. A wrong guess costs this idle forward and nothing else. Returns
-        ``{"prefilled": tokens}``.
+        ``next``: instead, the leading chunks of the window the agent expects at its next step, in order: ids of
+        chunks this window has seen (e.g. ``win.ids[1:]`` before a slide), or ``Chunk`` objects, among them new
+        ones the agent writes itself before the step (a screenshot clipped to its text where the screenshot
+        stood, a summary). Their exact conditioned KV in that order is formed now, in one forward of those that
+        lack a stored copy, and kept by context (as a tail admission's is). The next step's edits then find it:
+        the survivors of the slide need no repair, and the step prefills only what is new since, exactly. A
+        wrong guess costs this idle forward and nothing else. Returns ``{"prefilled": tokens}``.
 
             win.assign(chunks); logits = win.forward(q)   # the step
             win.prefetch(next=win.ids[1:])                 # idle time: the next slide's survivors
+            win.prefetch(next=[*win.ids[:2], clip, *win.ids[3:]])  # ... or a clip written in place of ids[2]
         """
         self._settle()
         self._write_back()
@@ -974,11 +978,12 @@ class Window:
         self._step_p0 = self.stats.prefill_tokens  # between steps: not the next step's spending
         return {"encodes": self.stats.encodes - e0, "patch_forms": self.stats.patch_forms - f0}
 
-    def _prepare(self, ids: list[str]) -> dict:
-        """``prefetch(next=ids)``: the exact conditioned KV of ``ids`` in this order, kept by context."""
+    def _prepare(self, items: list[Union[str, Chunk]]) -> dict:
+        """``prefetch(next=items)``: the exact conditioned KV of ``items`` in this order, kept by context."""
+        chunks = [self._next_chunk(x) for x in items]
+        ids = [c.id for c in chunks]
         if len(set(ids)) != len(ids):
             raise WindowkitError(f"prefetch: duplicate chunk ids in next={ids}")
-        chunks = [self.chunk(i) for i in ids]  # ChunkNotFoundError for an id this window never saw
         self._ready = None  # a new guess replaces the last one
         p0 = self.stats.prefill_tokens
         if not self._keeps_conditioned or not ids:
@@ -1031,6 +1036,22 @@ class Window:
         self._write_back()
         self._step_p0 = self.stats.prefill_tokens  # between steps: not the next step's spending
         return {"prefilled": self.stats.prefill_tokens - p0}
+
+    def _next_chunk(self, x: Union[str, Chunk]) -> Chunk:
+        """A ``prefetch(next=...)`` item as a Chunk: a seen id, or a Chunk (a new one's content key noted, so the
+        chunks behind it are kept under the context it makes; it is admitted only by the next step's edits)."""
+        if isinstance(x, str):
+            return self.chunk(x)  # ChunkNotFoundError for an id this window never saw
+        if not isinstance(x, Chunk):
+            raise ChunkError(f"prefetch(next=...) expects chunk ids or windowkit.Chunk objects, got {type(x).__name__}")
+        known = self._known.get(x.id)
+        if known is not None:
+            if known is not x and known.content_hash() != x.content_hash():
+                raise ChunkError(f"prefetch: chunk id {x.id!r} is already known with other content; "
+                                 "give new content a new id")
+            return known
+        self._keys[x.id] = chunk_key(x.content_hash(), self.backend.fingerprint())
+        return x
 
     def is_disposable(self, chunk_id: str, query_ids: Union[Sequence[int], torch.Tensor]) -> bool:
         """Appendix E's test: drop the chunk's conditioning (use its relocated canonical) and check whether
