@@ -51,6 +51,7 @@ class _WindowMachine(RuleBasedStateMachine):
         self.names = 0
         self.chunks: dict[str, wk.Chunk] = {}
         self.evicted: list[str] = []
+        self.unseen: list[wk.Chunk] = []  # new chunks a guess named (an agent's own rewrite), not yet in a step
 
     def new_chunk(self, draw_tokens: int) -> wk.Chunk:
         self.names += 1
@@ -103,6 +104,8 @@ class _WindowMachine(RuleBasedStateMachine):
         pool = list(self.chunks)
         keep = data.draw(st.lists(st.sampled_from(pool), unique=True, max_size=MAX_LIVE - 1) if pool else st.just([]))
         fresh = [self.new_chunk(data.draw(st.integers(2, 9))) for _ in range(data.draw(st.integers(0, 2)))]
+        if self.unseen and data.draw(st.booleans()):  # a rewrite a guess named, in a step the guess did not foresee
+            fresh.append(self._register(self.unseen.pop()))
         want = [self.chunks[c] for c in keep] + fresh
         order = data.draw(st.permutations(want)) if data.draw(st.booleans()) else want
         self.op(self.win.assign, list(order))
@@ -119,11 +122,24 @@ class _WindowMachine(RuleBasedStateMachine):
         Idle work, not a step: the window is unchanged, and the ops after it keep every promise above."""
         slide = data.draw(st.booleans())
         guess = self.win.ids[1:] if slide else data.draw(st.lists(st.sampled_from(list(self.chunks)), unique=True,
-                                                                    max_size=MAX_LIVE))
+                                                                    max_size=MAX_LIVE - 2))
+        if data.draw(st.booleans()):  # a new chunk the agent writes itself (a clip of an observation), anywhere
+            self.names += 1
+            new = self.make(f"c{self.names}", data.draw(st.integers(2, 9)))
+            self.unseen.append(new)
+            guess.insert(data.draw(st.integers(0, len(guess))), new)
         before = self.win.ids
         self.win.prefetch(next=guess)
         assert self.win.ids == before
         OPS[self.label] = OPS.get(self.label, 0) + 1
+        if data.draw(st.booleans()):  # then the step it was made for: the guess and a new observation at the tail
+            want = [self._register(x) if isinstance(x, wk.Chunk) else self.chunks[x] for x in guess]
+            self.unseen = [c for c in self.unseen if c.id not in self.chunks]
+            self.op(self.win.assign, want + [self.new_chunk(data.draw(st.integers(2, 9)))])
+
+    def _register(self, c: wk.Chunk) -> wk.Chunk:
+        self.chunks[c.id] = c
+        return c
 
     @invariant()
     def positions_are_contiguous(self):
