@@ -321,6 +321,28 @@ def test_windowkit_ahead_moves_the_survivors_conditioning_between_steps():
     assert lb.totals("floor")["total_ms"] <= lb.totals("windowkit-ahead")["total_ms"] <= lb.totals("windowkit")["total_ms"]
 
 
+def test_windowkit_ahead_prepares_the_agents_own_clip_but_not_a_look_back():
+    """On WebVoyager's rule (a screenshot leaving the last 3 turns into its text where it stood) the agent writes
+    that clip itself: ``windowkit-ahead`` passes it to ``prefetch(next=...)`` with the two screenshots behind it, so
+    a slide prefills only the new screenshot and the query (765 + 32), and the preparation before it the clip and
+    the two screenshots (96 + 2 x 765). A look-back's recalled chunk in front of live ones is not a rewrite: the
+    guess ends there, as the guess of a recall always has. Hand counts, one 8-step episode."""
+    from windowkit.trace.generators import sliding_clipped
+
+    trace = sliding_clipped(steps=8, episode_len=(8, 8))
+    res = simulate(trace, "h100-kamera", ["radix", "windowkit-ahead", "floor"], progress=False)
+    steps = res.steps["windowkit-ahead"]
+    assert [c.prefill_tokens for c in steps[3:]] == [765 + 32] * 5  # the floor's step also prefills the clip
+    assert [c.prefill_tokens for c in res.steps["floor"][3:]] == [96 + 765 + 32] * 5
+    assert [c.idle_tokens for c in steps] == [0, 0] + [96 + 2 * 765] * 5 + [0]  # the last step has no next
+    shot, txt = (lambda i: ChunkRef(id=f"s{i}", tokens=40, kind="image")), (lambda i: ChunkRef(id=f"t{i}", tokens=8))
+    look = Trace([Step(step=0, context=[txt(0), shot(1), shot(2)], query_tokens=2),
+                  Step(step=1, context=[shot(1), shot(2), shot(3)], query_tokens=2),
+                  Step(step=2, context=[txt(0), shot(2), shot(3)], query_tokens=2)], name="look-back")
+    steps = simulate(look, "h100-kamera", ["windowkit-ahead"], progress=False).steps["windowkit-ahead"]
+    assert steps[0].idle_tokens == 80 and steps[1].idle_tokens == 0  # t0 comes back in front: nothing guessed
+
+
 def test_a_cost_model_window_takes_the_prepared_route_after_prefetch():
     """``prefetch(next=...)`` on the cost-model backend books the survivors' conditioned prefill, and the slide it
     prepared then prefills only the new chunk, its survivors exact (what the simulator's windowkit-ahead charges)."""

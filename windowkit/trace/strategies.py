@@ -332,8 +332,9 @@ class WindowkitStrategy(Strategy):
 
     anticipate: after each step, ``win.prefetch(next=...)`` of what the next step opens with that the agent holds
               now: the leading run of its chunks that are in the window now, through its last such chunk, with the
-              new text chunks among them (the agent's own rewrites of its history, such as a screenshot clipped to
-              its text where it stood; a new visual chunk there ends the run: an observation comes from outside).
+              never-seen text chunks among them (the agent's own rewrites of its history, such as a screenshot
+              clipped to its text where it stood; a new visual chunk ends the run: an observation comes from
+              outside; so does a known chunk coming back: a look-back).
               What an agent that knows its own context rule prepares between steps
               (``LongVideoAgent(anticipate=True)``). A guess is never wrong here (the trace
               says what comes), so a wrong guess's idle cost is not modeled; the critical path is. The prefetch's
@@ -484,7 +485,7 @@ class WindowkitStrategy(Strategy):
             if x.id in win:
                 guess.append(x.id)
                 held = len(guess)
-            elif x.is_visual:
+            elif x.is_visual or x.id in self.chunks:  # an observation, or a look-back: not the agent's rewrite
                 break
             else:
                 guess.append(self._chunk(x))
