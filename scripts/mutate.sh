@@ -84,7 +84,7 @@ for mod in "${MODULES[@]}"; do
   slug="$(echo "${mod%.py}" | tr '/' '_')"
   dir="$WORK/$slug"
   rm -rf "$dir" && mkdir -p "$dir"
-  (cd "$ROOT" && tar -cf - --exclude=__pycache__ windowkit policies agents examples tests docs pyproject.toml) | tar -xf - -C "$dir"
+  (cd "$ROOT" && tar -cf - --exclude=__pycache__ windowkit policies agents examples tests docs bench/traces pyproject.toml) | tar -xf - -C "$dir"
   # a killed mutant needs only the first failing example: no hypothesis shrinking (it can take minutes per
   # mutant on the stateful machines); loaded by pytest_add_cli_args in mutate/mutmut.cfg
   cat > "$dir/mutate_fast_fail.py" <<'PYPLUGIN'

@@ -543,6 +543,25 @@ def test_prefetch_next_prepares_a_rewrite_the_agent_writes_in_place(llama, fidel
         win.prefetch(next=["never-seen"])
 
 
+def test_a_guessed_rewrite_brought_with_other_content_is_not_served(llama):
+    """``prefetch(next=[a, clip, c])`` names a new chunk; the step brings other content under the same id (the agent
+    wrote the clip again). What was prepared for the old content is neither planned on nor served: the planner's
+    view has no exact KV for the new clip, and the step equals transformers' forward over the new window."""
+    a, b, c = (text(llama, 6, 2400 + i, f"a{i}") for i in range(3))
+    bos = text(llama, 2, 2399, "bos")
+    win = wk.Window(llama, prefix=bos)
+    win.assign([a, b, c])
+    win.forward(QUERY)
+    win.flush()
+    old, new = text(llama, 4, 2410, "clip"), text(llama, 4, 2411, "clip")
+    assert win.prefetch(next=["a0", old, "a2"]) == {"prefilled": 4 + 6}
+    want = [a, new, c]
+    view = win._view(want)
+    assert not view.has_exact("clip", ("a0",)) and view.has_exact("a0", ())
+    win.assign(want)
+    assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), win.forward(QUERY)) <= 1e-6
+
+
 def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monkeypatch):
     """The step ``prefetch(next=...)`` prepared (the window unchanged since, the wanted window opening with the
     prepared chunks in their order, the rest of the window dropped) gets the planner's own answer without running

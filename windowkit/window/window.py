@@ -1331,8 +1331,8 @@ class Window:
             cid = c.id
             if cid not in tokens:  # not live (a live chunk is known, its size read)
                 tokens[cid] = len(c)
-                if cid not in known and cid not in new:
-                    new[cid] = chunk_key(c.content_hash(), fp)
+                if cid not in new and (cid not in known or cid not in self._known):  # (a key noted by prefetch
+                    new[cid] = chunk_key(c.content_hash(), fp)  # for an id the step now brings with other content)
         keys = ChainMap(new, known) if new else known
         pk, store, use, lazy = self._prefix_key, self.store, self._use_patches, self._keeps_conditioned
         # None for a context nothing is stored under, nor under any that extends it
