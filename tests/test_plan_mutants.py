@@ -213,6 +213,21 @@ def test_inserting_in_the_middle():
     assert edit_tokens(view(orbit={("d", ("a",))}), ["a", "d", "b", "c"], HEAD5) == 65
 
 
+def test_survivors_behind_an_insert_take_their_stored_exact_kv_free():
+    # [a b c] -> [a d b c] where prefetch(next=[a, d, b, c]) stored d's exact KV behind (a) and b's and c's behind
+    # (a, d): the insert and both survivors behind it are free (as admit's _refresh_known finds them)
+    ready = {("d", ("a",)), ("b", ("a", "d")), ("c", ("a", "d", "b"))}
+    assert edit_tokens(view(exact=ready), ["a", "d", "b", "c"], HEAD5) == 0
+    assert choose_step(view(exact=ready), ["a", "d", "b", "c"], HEAD5) == StepChoice("edit", 1, 90, 0)
+    # only c's copy: b (right behind d) is the first stale survivor, repaired wholly; c is free
+    assert edit_tokens(view(exact={("d", ("a",)), ("c", ("a", "d", "b"))}), ["a", "d", "b", "c"], HEAD5) == 20
+    # the copies with a new chunk e at the tail too: e's conditioned forward (50) alone
+    assert edit_tokens(view(exact=ready), ["a", "d", "b", "c", "e"], HEAD5) == 50
+    # inserted at the front with no prefix: d's canonical is free; a, b, c behind it take their copies
+    front = {("a", ("d",)), ("b", ("d", "a")), ("c", ("d", "a", "b"))}
+    assert edit_tokens(view(exact=front), ["d", "a", "b", "c"], HEAD5) == 0
+
+
 def test_inserting_at_the_front_with_and_without_a_prefix():
     # nothing in front: d's canonical is its KV at 0 (free when stored, else its prefill); a b c go stale
     assert edit_tokens(view(), ["d", "a", "b", "c"], HEAD5) == 10 + 5 + 5

@@ -533,6 +533,8 @@ def test_prefetch_next_prepares_a_rewrite_the_agent_writes_in_place(llama, fidel
         win.assign(want)
         logits = win.forward(QUERY)
         assert llama.stats.forwards - f0 == 1 and win.stats.prefill_tokens - p0 == len(shots[t])
+        # the planner counts what the edits run: the new screenshot alone (the clip and the survivors are free)
+        assert win.last_choice.route == "edit" and win.last_choice.edit_tokens == len(shots[t])
         assert win.ids == [c.id for c in want]
         assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), logits) <= 1e-6
     with pytest.raises(wk.ChunkError, match="other content"):  # one id, one content (as assign)
