@@ -47,6 +47,7 @@ demo: $(STAMP) $(REAL_STAMP)
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
 	$(VPY) examples/long_video_qa.py --refresh threshold:0.3
+	$(VPY) examples/web_agent_window.py --clip --anticipate
 	$(VENV)/bin/windowkit eval-binding --n 60
 
 # tests/test_report.py renders report.html in headless Chromium (Debian's package, about 70 s to install).
