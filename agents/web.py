@@ -144,7 +144,7 @@ class WebAgent:
     model:     a Qwen2.5-VL / Qwen3-VL transformers model (tiny random or a local checkpoint)
     window:    screenshots held per step (the task chunk comes first)
     viewport:  (w, h) every screenshot must have; rounded to multiples of patch x merge at construction
-    rank, mode, form: passed to ``Window`` (docs/window.md)
+    rank, mode, form: passed to ``Window`` (docs/window.md; form None: the Window's default, lazy forming)
     reference: also keep a mode="exact" window over the same contents (fidelity of the planner's logits)
     record:    a JSONL trace path: ``run`` writes one step per screenshot (the file is rewritten by each ``run``)
     clip:      ``clip(i) -> token ids`` of screenshot i's text: a screenshot leaving the last ``window`` turns into
@@ -153,27 +153,26 @@ class WebAgent:
                screenshot, the coming clip included: ``win.prefetch(next=...)``. Counted apart: ``idle_tokens``,
                ``idle_ms``
 
-        agent = WebAgent(model, window=3, form="lazy", clip=lambda i: tok(f"Step {i}: clicked Search."),
-                         anticipate=True)
+        agent = WebAgent(model, window=3, clip=lambda i: tok(f"Step {i}: clicked Search."), anticipate=True)
     """
 
     def __init__(self, model: Any, *, window: int = 3, viewport: tuple[int, int] = (168, 112),
-                 rank: Optional[int] = 32, mode: str = "patch", form: str = "eager", reference: bool = True,
+                 rank: Optional[int] = 32, mode: str = "patch", form: Optional[str] = None, reference: bool = True,
                  model_path: Optional[str] = None, max_new_tokens: int = 4, record: Union[str, Path, None] = None,
                  clip: Optional[Callable[[int], Sequence[int]]] = None, anticipate: bool = False):
         if int(window) < 1:
             raise WindowkitError(f"window must be >= 1 screenshot, got {window}")
         if clip is not None and not callable(clip):
             raise WindowkitError(f"clip must be a callable index -> token ids, got {type(clip).__name__}")
-        if anticipate and (form != "lazy" or mode != "patch"):
-            raise WindowkitError("anticipate=True prepares exact conditioned copies, which only a form='lazy', "
-                                 f"mode='patch' Window keeps (got form={form!r}, mode={mode!r}): pass form='lazy'")
         self.window = int(window)
         self.max_new_tokens = int(max_new_tokens)
         self.encoder = FrameEncoder(model, viewport, model_path)
         self.viewport = self.encoder.size  # the rounded (w, h): screenshots are never resized
         self.backend = HFBackend(model)
-        self.win = Window(self.backend, rank=rank, mode=mode, form=form)
+        self.win = Window(self.backend, rank=rank, mode=mode, **({"form": form} if form is not None else {}))
+        if anticipate and (self.win.form != "lazy" or self.win.mode != "patch"):
+            raise WindowkitError("anticipate=True prepares exact conditioned copies, which only a form='lazy', "
+                                 f"mode='patch' Window keeps (got form={self.win.form!r}, mode={self.win.mode!r})")
         self.ref = Window(HFBackend(model), mode="exact") if reference else None
         self.task: Optional[Chunk] = None
         self.shots: list[Chunk] = []  # every screenshot seen, in order

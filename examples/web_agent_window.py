@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="168x112", help="screenshot (viewport) size WxH")
     ap.add_argument("--rank", type=int, default=32, help="patch rank m")
     ap.add_argument("--form", default=None, choices=("eager", "lazy"),
-                    help="Window form (docs/window.md; default eager, lazy with --anticipate)")
+                    help="Window form (docs/window.md; default: the Window's, lazy)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     ap.add_argument("--no-reference", action="store_true", help="skip the exact re-prefill reference window")
     ap.add_argument("--clip", action="store_true", help="clip screenshots leaving the window to their text, in place")
@@ -86,8 +86,6 @@ def main(argv=None) -> int:
     from windowkit.models.load import load_model
     from windowkit.errors import WindowkitError
 
-    if args.form is None:
-        args.form = "lazy" if args.anticipate else "eager"
     torch.set_num_threads(max(1, args.threads))
     t_start = time.perf_counter()
     w, h = parse_size(args.size, ap)
@@ -104,7 +102,7 @@ def main(argv=None) -> int:
         n_tok = len(agent.screenshot_chunk(shots[0], 0))
         print(f"model {args.model} | {args.steps} screenshots {agent.viewport[0]}x{agent.viewport[1]}, {n_tok} tokens "
               f"each | window: task ({len(task)} tokens) + {'clipped older observations + ' if args.clip else ''}last "
-              f"{args.window} screenshots | rank {args.rank}, form {args.form}"
+              f"{args.window} screenshots | rank {args.rank}, form {agent.win.form}"
               + (" | the next window prepared between steps" if args.anticipate else ""))
         print(format_step_header())
         report = agent.run(shots, task, planner, grounder, on_step=lambda r: print(format_step_row(r), flush=True))

@@ -219,7 +219,7 @@ def test_clipped_window_prepared_between_steps_prefills_only_the_new_screenshot(
     shots = [synthetic_screenshot(i) for i in range(6)]
     runs = {}
     for ahead in (False, True):
-        agent = WebAgent(model, window=WINDOW, max_new_tokens=2, form="lazy", clip=_clip, anticipate=ahead)
+        agent = WebAgent(model, window=WINDOW, max_new_tokens=2, clip=_clip, anticipate=ahead)  # the defaults
         runs[ahead] = (agent, agent.run(shots, *_prompts()))
     agent, report = runs[True]
     shot_tokens = (168 // 28) * (112 // 28) + 2
@@ -254,7 +254,7 @@ def test_clipped_window_prepared_between_steps_prefills_only_the_new_screenshot(
     with pytest.raises(WindowkitError, match="clip must be a callable"):
         WebAgent(model, clip=[1, 2])
     with pytest.raises(WindowkitError, match="form='lazy'"):  # an eager Window keeps no conditioned copies
-        WebAgent(model, anticipate=True)
+        WebAgent(model, form="eager", anticipate=True)
 
 
 def test_example_runs(capsys):
@@ -266,7 +266,7 @@ def test_example_runs(capsys):
     assert "extra encodes / vision calls for the grounder | 0 / 0" in out
     # form="lazy": one forward of the new screenshot's tokens per step (26 each), the task once (16)
     assert "prefill tokens: windowkit / prefix cache / exact re-prefill | 68 / 68 / 110" in out
-    assert main(["--steps", "5", "--no-reference", "--clip", "--anticipate"]) == 0  # --anticipate: form lazy
+    assert main(["--steps", "5", "--no-reference", "--clip", "--anticipate"]) == 0
     out = capsys.readouterr().out
     # task + 2 screenshots (68), then 3 screenshots: each slide prefills only its new one (26); the prefix cache
     # re-prefills the clip and the 3 screenshots (86); between steps: 2 x (the clip + 2 screenshots)
