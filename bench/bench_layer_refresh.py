@@ -28,7 +28,6 @@ Writes ``bench/results/layer_refresh.json``, ``bench/results/layer_refresh.md`` 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import random
@@ -40,7 +39,7 @@ import torch
 
 import windowkit as wk
 from bench._meta import short_commit, utc_stamp
-from bench.bench_repair import _kl, _number, exact_window, scenario_chunks, system_prefix
+from bench.bench_repair import _kl, _number, exact_window, scenario_args, scenario_chunks, system_prefix
 from windowkit.kv import ChunkKV, concat
 from windowkit.window import RepairRule
 
@@ -229,14 +228,7 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", dest="json_path", default="bench/results/layer_refresh.json")
-    ap.add_argument("--md", default="bench/results/layer_refresh.md")
-    ap.add_argument("--n-a", type=int, default=20, help="scenarios of setting A (k=5 x ~110 tokens)")
-    ap.add_argument("--n-b", type=int, default=6, help="scenarios of setting B (k=8 x ~230 tokens)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--gen-tokens", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = scenario_args(__doc__, "layer_refresh")
     ap.add_argument("--plot", default="docs/img/layer_refresh.png", help="write the cost / KL plot here ('' none)")
     ap.add_argument("--table", metavar="JSON", default=None, help="only rewrite --md (and --plot) from this JSON")
     args = ap.parse_args(argv)

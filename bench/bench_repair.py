@@ -221,16 +221,23 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", dest="json_path", default="bench/results/repair.json")
-    ap.add_argument("--md", default="bench/results/repair.md")
+def scenario_args(doc: str, stem: str) -> argparse.ArgumentParser:
+    """The options every bench over these scenarios takes: outputs ``bench/results/<stem>.{json,md}``, the scenario
+    counts of settings A and B, threads, generated tokens and the seed."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--json", dest="json_path", default=f"bench/results/{stem}.json")
+    ap.add_argument("--md", default=f"bench/results/{stem}.md")
     ap.add_argument("--n-a", type=int, default=20, help="scenarios of setting A (k=5 x ~110 tokens)")
     ap.add_argument("--n-b", type=int, default=6, help="scenarios of setting B (k=8 x ~230 tokens)")
-    ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen-tokens", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = scenario_args(__doc__, "repair")
+    ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--combine", nargs="+", default=None,
                     help="only merge the JSON files of earlier runs (e.g. A and B run as two processes)")
     args = ap.parse_args(argv)

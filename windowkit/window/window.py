@@ -399,10 +399,8 @@ class Window:
         self._known[chunk.id] = chunk
         self._evicted.pop(chunk.id, None)
         cid = self._insert(chunk, at)
-        if self.mode == "patch" and at is not None:  # chunks behind a middle insert have a new antecedent:
-            behind = self._index(cid) + 1
-            self._refresh_known(behind)  # (their exact KV for it may be stored: prefetch(next=...) of a rewrite)
-            self._repair(behind)
+        if self.mode == "patch" and at is not None:
+            self._condition_behind(cid)
         return cid
 
     def evict(self, which: Where = "head") -> str:
@@ -438,6 +436,13 @@ class Window:
                 self._repair_later(idx)  # before the next admit's prefill: it sees repaired survivors
         return e.id
 
+    def _condition_behind(self, cid: str) -> None:
+        """The chunks behind an inserted ``cid`` have a new antecedent: those whose exact KV for their new context is
+        stored take it (``_refresh_known``: e.g. made by ``prefetch(next=...)``), the stale rest are repaired."""
+        behind = self._index(cid) + 1
+        self._refresh_known(behind)
+        self._repair(behind)
+
     def _gone(self, e: _Entry) -> None:
         """The bookkeeping of an entry taken out of the window (evicted, or dropped by a step's plan)."""
         self._evicted[e.id] = e.chunk
@@ -457,8 +462,7 @@ class Window:
         cid = self._insert(chunk, at)
         self.last_cascade = self.graph.on_recall(cid, self.ids)
         if self.mode == "patch":
-            self._refresh_known(self._index(cid) + 1)
-            self._repair(self._index(cid) + 1)
+            self._condition_behind(cid)
             if self.cascade == "apply":
                 # the cascade (patches formed on the recalled chunk, transitively) plus chunks behind it whose
                 # context became a strict superset of the one they were formed on (App. D: rebuild)
