@@ -434,10 +434,12 @@ class LongVideoAgent:
     blind:     also run a mode="blind" window over the same steps (KL and, with ``ask``, accuracy of blind reuse)
     refresh:   a patch-refresh policy for survivors whose antecedents changed (``policies.refresh``: "always",
                "threshold:0.3", "budget:1", ...), applied after each ``assign``; None keeps them as they are
-    anticipate: between steps (after the answer, off the timed step), prepare the next slide's survivors:
-               ``win.prefetch(next=frames[1:])``, their exact conditioned KV with the head gone. The next step
-               then prefills only its new frame and the question; a look-back step finds nothing prepared and
-               pays what it would have. Counted apart: ``idle_ms``, ``idle_tokens``
+    anticipate: between steps (after the answer, off the timed step), prepare the next step's window up to its
+               new frame: ``win.prefetch(next=...)`` of the next plan step's frames the agent has already seen, in
+               their order (a slide's survivors with the head gone; a look-back's recalled frames, which the agent
+               chooses itself, and the frames behind them; the return after it), their exact conditioned KV in
+               those places. The next step then prefills only its new frame and the question. ``step`` called
+               without a next step guesses a slide (``frames[1:]``). Counted apart: ``idle_ms``, ``idle_tokens``
     """
 
     def __init__(self, model: Any, *, window: int = 6, rank: Optional[int] = 32, mode: str = "patch",
@@ -521,11 +523,16 @@ class LongVideoAgent:
         prev: list[Chunk] = []
         it: Iterable = progress(plan) if progress is not None else plan
         exact_ms_tok: list[float] = []
+        following = {id(s): n for s, n in zip(plan, list(plan)[1:])}  # each step's next plan step
+        seen: set[int] = set()  # frames shown so far
         with recording(self, self.record):  # a failed step leaves the steps done so far in the trace
             for s in it:
                 a = asks.get(s.index)
                 p = torch.as_tensor(list(a.prompt), dtype=torch.long) if a is not None else prompt
-                row = self.step(s, [frames[i] for i in s.frames], question, p, prev, a)
+                seen.update(s.frames)
+                nxt = following.get(id(s))
+                guess = [] if nxt is None else self.next_guess(nxt, seen, frames, question)  # last: none
+                row = self.step(s, [frames[i] for i in s.frames], question, p, prev, a, next_window=guess)
                 prev = [frames[i] for i in s.frames] + ([question] if question is not None else [])
                 if row.exact_ms is not None and row.window_tokens:
                     exact_ms_tok.append(row.exact_ms / row.window_tokens)
@@ -539,10 +546,27 @@ class LongVideoAgent:
             report.ms_per_token = exact_ms_tok[len(exact_ms_tok) // 2]  # median: robust on a shared CPU
         return report
 
+    @staticmethod
+    def next_guess(nxt: Step, seen: set[int], frames: Sequence[Chunk], question: Optional[Chunk]) -> list[str]:
+        """What the agent holds of the next step's window before its new frame arrives: the ids of ``nxt``'s
+        leading frames in ``seen``, up to its first new one (then the question too, where none is new).
+
+            LongVideoAgent.next_guess(Step(13, "slide", [8, 9, 10, 11, 12, 13]), set(range(13)), frames, q)
+            # -> ids of frames 8..12
+        """
+        ids = []
+        for i in nxt.frames:
+            if i not in seen:  # the new frame: it comes from outside, after this step
+                return ids
+            ids.append(frames[i].id)
+        return ids + ([question.id] if question is not None else [])
+
     def step(self, s: Step, frame_chunks: Sequence[Chunk], question: Optional[Chunk], prompt: torch.Tensor,
-             prev: Sequence[Chunk] = (), ask: Optional[Ask] = None) -> StepLog:
+             prev: Sequence[Chunk] = (), ask: Optional[Ask] = None,
+             next_window: Optional[Sequence[str]] = None) -> StepLog:
         """One step: ``assign`` the window, read the next-token logits and the greedy answer after ``prompt``;
-        with ``ask``, score the answer on every window that runs."""
+        with ``ask``, score the answer on every window that runs. ``next_window``: what ``anticipate`` prepares
+        between steps (ids, ``next_guess``); None: a slide's survivors (``frames[1:]``)."""
         wanted = list(frame_chunks) + ([question] if question is not None else [])
         phase = getattr(self, "_on_phase", None) or (lambda name: None)
         phase("windowkit")
@@ -563,8 +587,10 @@ class LongVideoAgent:
         t_idle = time.perf_counter()
         self.win.flush()  # between steps: the conditioned copies this step keeps go to the store now
         idle_tokens = 0
-        if self.anticipate and len(frame_chunks) > 1:  # the next slide drops the head: its survivors, now
-            idle_tokens = self.win.prefetch(next=[c.id for c in frame_chunks[1:]])["prefilled"]
+        if self.anticipate:  # the next window up to its new frame (by default a slide's survivors), now
+            guess = [c.id for c in frame_chunks[1:]] if next_window is None else list(next_window)
+            if guess:
+                idle_tokens = self.win.prefetch(next=guess)["prefilled"]
         idle_ms = (time.perf_counter() - t_idle) * 1e3
         delta = {k: after[k] - before[k] for k in STAT_FIELDS}
         delta["vision_calls"] = self.backend.stats.vision_calls - vc0

@@ -316,17 +316,18 @@ def test_windowkit_ahead_moves_the_survivors_conditioning_between_steps():
     row = next(line for line in res.table().splitlines() if line.startswith("| windowkit-ahead |"))
     assert f"| {ahead['idle_ms']:.1f} |" in row  # the table shows the work between steps beside the steps' own
     assert "idle_ms" not in simulate(trace, "h100-kamera", ["radix", "windowkit"], progress=False).table()
-    # look-backs: a guess is the next step's leading run of live chunks (a recall in front ends it)
+    # look-backs: the agent chose them with the step's answer, so the guess holds them too
     lb = simulate(random_lookback(steps=40), "cpu-tiny", ["windowkit", "windowkit-ahead", "floor"], progress=False)
     assert lb.totals("floor")["total_ms"] <= lb.totals("windowkit-ahead")["total_ms"] <= lb.totals("windowkit")["total_ms"]
 
 
-def test_windowkit_ahead_prepares_the_agents_own_clip_but_not_a_look_back():
+def test_windowkit_ahead_prepares_the_agents_own_clip_and_look_back_but_not_an_observation():
     """On WebVoyager's rule (a screenshot leaving the last 3 turns into its text where it stood) the agent writes
     that clip itself: ``windowkit-ahead`` passes it to ``prefetch(next=...)`` with the two screenshots behind it, so
     a slide prefills only the new screenshot and the query (765 + 32), and the preparation before it the clip and
-    the two screenshots (96 + 2 x 765). A look-back's recalled chunk in front of live ones is not a rewrite: the
-    guess ends there, as the guess of a recall always has. Hand counts, one 8-step episode."""
+    the two screenshots (96 + 2 x 765). A look-back is the agent's choice too, made with the step's answer: the
+    recalled chunk and the live ones behind it are prepared in their next places (the step then prefills only its
+    query), while a never-seen screenshot, which comes from outside, ends the guess. Hand counts."""
     from windowkit.trace.generators import sliding_clipped
 
     trace = sliding_clipped(steps=8, episode_len=(8, 8))
@@ -340,7 +341,18 @@ def test_windowkit_ahead_prepares_the_agents_own_clip_but_not_a_look_back():
                   Step(step=1, context=[shot(1), shot(2), shot(3)], query_tokens=2),
                   Step(step=2, context=[txt(0), shot(2), shot(3)], query_tokens=2)], name="look-back")
     steps = simulate(look, "h100-kamera", ["windowkit-ahead"], progress=False).steps["windowkit-ahead"]
-    assert steps[0].idle_tokens == 80 and steps[1].idle_tokens == 0  # t0 comes back in front: nothing guessed
+    assert [(c.prefill_tokens, c.idle_tokens) for c in steps] == [
+        (8 + 2 * 40 + 2, 40 + 40),  # next: s1 s2 (s3 is new: the guess ends there), s2 conditioned on s1 anew
+        (40 + 2, 40 + 40),  # next: t0 s2 s3, t0 back at the head (its canonical: free), s2 and s3 behind it
+        (2, 0)]  # only the query: what the floor prefills (radix: 82, s2 s3 behind the returning t0)
+    t = lambda i: ChunkRef(id=f"t{i}", tokens=8)  # noqa: E731
+    log = Trace([Step(step=0, context=[t(0), t(1), t(2)], query_tokens=2),
+                 Step(step=1, context=[t(1), t(2), t(3)], query_tokens=2),
+                 Step(step=2, context=[t(2), t(3), t(4), t(0)], query_tokens=2)], name="text look-back")
+    steps = simulate(log, "h100-kamera", ["windowkit-ahead"], progress=False).steps["windowkit-ahead"]
+    # new text behind every live chunk is a new entry read at the step, not a rewrite, though a look-back
+    # follows it: the guess before the last step is t2 t3 (16), and the step prefills t4, t0 behind it, the query
+    assert [(c.prefill_tokens, c.idle_tokens) for c in steps] == [(3 * 8 + 2, 16), (8 + 2, 16), (8 + 8 + 2, 0)]
 
 
 def test_a_cost_model_window_takes_the_prepared_route_after_prefetch():

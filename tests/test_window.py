@@ -566,9 +566,9 @@ def test_a_guessed_rewrite_brought_with_other_content_is_not_served(llama):
 
 def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monkeypatch):
     """The step ``prefetch(next=...)`` prepared (the window unchanged since, the wanted window opening with the
-    prepared chunks in their order, the rest of the window dropped) gets the planner's own answer without running
-    the planner: the same route, kept prefix and prefill, an edit bound no lower than the planner's. Any other
-    step asks the planner: the window edited since, another order, a step where the prefix cache keeps every
+    prepared chunks in their order, the rest of the window dropped or recalled behind them) gets the planner's own
+    answer without running the planner: the same route, kept prefix and prefill, an edit bound no lower than the
+    planner's. Any other step asks the planner: the window edited since, another order, a step where the prefix cache keeps every
     prepared chunk. Every step equals transformers' forward over the new window."""
     import windowkit.window.window as window_mod
     from windowkit.window.plan import choose_step
@@ -605,9 +605,14 @@ def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monk
     step([cs[2], cs[3], cs[4]])
     assert len(asked) == n + 1
     win.prefetch(next=win.ids[1:])
+    want = [cs[3], cs[4], cs[2]]  # the guess opens the step and the head moves behind it (a question kept at the
+    planner = choose_step(win._view(want), [c.id for c in want], win.repair)  # tail): recalled there, unasked
     n = len(asked)
-    step([cs[3], cs[4], cs[2]])  # the guess opens the step, but the head moves to the tail: the planner decides
-    assert len(asked) == n + 1
+    step(want)
+    got = win.last_choice
+    assert len(asked) == n and planner.route == got.route == "edit"
+    assert (got.keep, got.prefill_tokens) == (planner.keep, planner.prefill_tokens)
+    assert got.edit_tokens >= planner.edit_tokens and win.ids == ["r3", "r4", "r2"]
     win.prefetch(next=win.ids[1:])
     win.admit(cs[5])  # the window changed since: the guess no longer holds
     step([cs[4], cs[2], cs[5], cs[6]])

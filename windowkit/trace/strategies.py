@@ -331,12 +331,12 @@ class WindowkitStrategy(Strategy):
     was formed on other antecedents (``plan()``'s refresh-patch edits), after the refresh policy ran.
 
     anticipate: after each step, ``win.prefetch(next=...)`` of what the next step opens with that the agent holds
-              now: the leading run of its chunks that are in the window now, through its last such chunk, with the
-              never-seen text chunks among them (the agent's own rewrites of its history, such as a screenshot
-              clipped to its text where it stood; a new visual chunk ends the run: an observation comes from
-              outside; so does a known chunk coming back: a look-back).
-              What an agent that knows its own context rule prepares between steps
-              (``LongVideoAgent(anticipate=True)``). A guess is never wrong here (the trace
+              now: the leading run of its chunks that this Window has seen (live now, or a look-back: the agent
+              chooses what it recalls with this step's answer), with the never-seen text chunks in front of a live
+              one (the agent's own rewrites of its history, such as a screenshot clipped to its text where it
+              stood). A never-seen visual chunk, or never-seen text behind every live chunk, ends the run: an
+              observation comes from outside, after the step. What an agent that decides its next context at the end of a step prepares while it waits
+              for the next observation (``LongVideoAgent(anticipate=True)``). A guess is never wrong here (the trace
               says what comes), so a wrong guess's idle cost is not modeled; the critical path is. The prefetch's
               cost is booked as ``idle_ms`` / ``idle_tokens`` of the step before, not in its ``total_ms``.
     store_budget_bytes: bound the store (None: unbounded); the fake KV is 16 bytes per token
@@ -479,17 +479,20 @@ class WindowkitStrategy(Strategy):
         """``win.prefetch(next=...)`` of the next step's leading chunks the agent holds now (``anticipate``), booked
         as ``c``'s idle work (the next step's ledger snapshot is taken after it, so its own cost does not hold it)."""
         win, led = self.win, self.backend.ledger
-        guess: list = []
-        held = 0  # guess[:held] ends with a live chunk: new chunks after the last live one are not rewrites
+        run: list = []
         for x in nxt:
-            if x.id in win:
-                guess.append(x.id)
-                held = len(guess)
-            elif x.is_visual or x.id in self.chunks:  # an observation, or a look-back: not the agent's rewrite
+            if x.is_visual and x.id not in self.chunks:  # a new observation, from outside: not in hand before
                 break
-            else:
+            run.append(x)
+        last_live = max((i for i, x in enumerate(run) if x.id in win), default=-1)
+        guess: list = []
+        for i, x in enumerate(run):
+            if x.id in self.chunks:  # seen: live now, or a look-back the agent chose with this step's answer
+                guess.append(x.id)
+            elif i < last_live:  # never-seen text in front of a live chunk: the agent's own rewrite (a clip)
                 guess.append(self._chunk(x))
-        guess = guess[:held]
+            else:  # new text behind every live chunk: an observation (a new log entry), read at the step
+                break
         l0, st0 = led.copy(), win.stats.reused_tokens
         win.prefetch(next=guess)
         c.idle_tokens = led.prefill_tokens - l0.prefill_tokens

@@ -1280,10 +1280,12 @@ class Window:
 
     def _ready_choice(self, wanted: Sequence[Chunk]) -> Optional[StepChoice]:
         """``choose_step``'s answer, known without it, for the step ``prefetch(next=ids)`` prepared: the window is
-        unchanged since, the wanted window opens with ``ids`` (live, in their current order, each one's exact KV
-        for that place in memory), and the rest of the window goes. The edits then run only the chunks after
-        ``ids`` (at most their tokens), which the prefix cache's plan runs too, plus the ``ids`` it does not
-        keep: the edits win whenever it keeps fewer than all of them. None: ask the planner."""
+        unchanged since, and the wanted window opens with ``ids`` (live, in their current order, each one's exact
+        KV for that place in memory). The rest of the window goes, but for live chunks the wanted window holds
+        after ``ids`` (a question kept behind each new frame): those are recalled there, as any chunk after
+        ``ids`` is. The edits then run only the chunks after ``ids`` (at most their tokens), which the prefix
+        cache's plan runs too, plus the ``ids`` it does not keep: the edits win whenever it keeps fewer than all
+        of them. None: ask the planner."""
         ready = self._ready
         if ready is None or ready[1] != self._version:
             return None
@@ -1293,7 +1295,7 @@ class Window:
             return None
         cur, ready_ids = self.ids, set(ids)
         front = [i for i in cur if i in ready_ids]  # the ready ids still in the window, in window order
-        if front != list(ids) or any(i in cur for i in want_ids[r:]):  # all live in order; nothing else stays
+        if front != list(ids):  # all live, in order
             return None
         keep = common_prefix(cur, want_ids)
         tokens = {e.id: e.n for e in self._entries}
@@ -1304,7 +1306,8 @@ class Window:
         return StepChoice("edit", keep, ready_unkept + tail, tail)
 
     def _ready_route(self, wanted: Sequence[Chunk]) -> list[tuple[str, str]]:
-        """``assign`` of the step ``_ready_choice`` recognised: drop the rest of the window, give each prepared chunk
+        """``assign`` of the step ``_ready_choice`` recognised: drop the rest of the window (a live chunk wanted
+        after ``ids`` too: it comes back by ``recall`` behind them, as a look-back does), give each prepared chunk
         the exact KV made for its place (the same ``evict`` would find after a search: ``_refresh_known``), then
         insert what follows them as ``assign`` does. Returns the edits as ``assign`` does."""
         ids, _, made = self._ready
