@@ -718,7 +718,7 @@ def format_summary(report: AgentReport) -> str:
              f"{f(ratio(s['windowkit_ms_modeled'], s['prefix_cache_ms_modeled']), '.2f')} |",
              f"| est_ms_saved (win.stats) | {t['est_ms_saved']:.0f} |"]
     if s["windowkit_idle_tokens"]:  # anticipate=True: the next slide prepared between steps (not in the step)
-        lines.append(f"| between steps (anticipated slides): prefill tokens / ms | {s['windowkit_idle_tokens']} / "
+        lines.append(f"| between steps (each next step prepared): prefill tokens / ms | {s['windowkit_idle_tokens']} / "
                      f"{s['windowkit_idle_ms']:.0f} |")
     bkl = [r.blind_kl for r in report.steps if r.blind_kl is not None]
     if bkl:
