@@ -135,7 +135,11 @@ class _WindowMachine(RuleBasedStateMachine):
         if data.draw(st.booleans()):  # then the step it was made for: the guess and a new observation at the tail
             want = [self._register(x) if isinstance(x, wk.Chunk) else self.chunks[x] for x in guess]
             self.unseen = [c for c in self.unseen if c.id not in self.chunks]
-            self.op(self.win.assign, want + [self.new_chunk(data.draw(st.integers(2, 9)))])
+            want.append(self.new_chunk(data.draw(st.integers(2, 9))))
+            behind = [c for c in self.win.ids if c not in {x.id for x in want}]
+            if behind and data.draw(st.booleans()):  # a live chunk kept behind it (a question after each new frame)
+                want.append(self.chunks[behind[data.draw(st.integers(0, len(behind) - 1))]])
+            self.op(self.win.assign, want)
 
     def _register(self, c: wk.Chunk) -> wk.Chunk:
         self.chunks[c.id] = c

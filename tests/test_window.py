@@ -564,6 +564,31 @@ def test_a_guessed_rewrite_brought_with_other_content_is_not_served(llama):
     assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), win.forward(QUERY)) <= 1e-6
 
 
+def test_a_prepared_step_recalls_the_question_behind_each_new_frame(llama):
+    """A video agent's window keeps its question behind each new frame: [f0 f1 f2 q] -> [f1 f2 f3 q]. After
+    ``prefetch(next=[f1, f2])`` the step takes the prepared route with the live question recalled behind the new
+    frame: it prefills the frame and re-conditions the question (7 + 5 tokens, in one forward), with no store
+    read of the prepared frames, and equals transformers' forward over the new window at every step."""
+    fs = [text(llama, 7, 2300 + i, f"f{i}") for i in range(6)]
+    q = text(llama, 5, 2399, "question")
+    bos = text(llama, 2, 2298, "bos")
+    win = wk.Window(llama, prefix=bos)
+    win.assign(fs[:3] + [q])
+    win.forward(QUERY)
+    for t in range(3, 6):
+        win.flush()
+        win.prefetch(next=win.ids[1:-1])
+        want = fs[t - 2:t + 1] + [q]
+        p0, f0, r0 = win.stats.prefill_tokens, win.stats.forwards, win.stats.reused_tokens
+        win.assign(want)
+        logits = win.forward(QUERY)
+        assert kl_divergence(reference_logits(llama, want, QUERY, prefix=bos), logits) <= 1e-6
+        assert win.last_choice.route == "edit" and win.ids == [c.id for c in want]
+        assert win.stats.prefill_tokens - p0 == 7 + 5  # (the query is not window prefill)
+        assert win.stats.forwards - f0 == 1
+        assert win.stats.reused_tokens - r0 <= len(q)  # the prepared frames: no replay (at most the question's)
+
+
 def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monkeypatch):
     """The step ``prefetch(next=...)`` prepared (the window unchanged since, the wanted window opening with the
     prepared chunks in their order, the rest of the window dropped or recalled behind them) gets the planner's own
