@@ -44,6 +44,7 @@ venv: $(STAMP)
 demo: $(STAMP) $(REAL_STAMP)
 	$(VENV)/bin/windowkit verify --model smollm2 --trials 2
 	$(VPY) examples/text_agent.py
+	$(VPY) examples/text_agent.py --anticipate
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
 	$(VPY) examples/long_video_qa.py --refresh threshold:0.3

@@ -94,6 +94,7 @@ class StepRow:
     exact_tokens_out: list[int] = field(default_factory=list)
     engine_cached: Optional[int] = None  # with an engine: prompt tokens SGLang did not prefill (restored / cached)
     idle_ms: float = 0.0  # ``win.flush()`` after the answer: the step's store writes, between steps (not in ``ms``)
+    idle_tokens: int = 0  # ``anticipate``: prefilled between steps for the next one (not in ``tokens``)
 
     @property
     def same_as_exact(self) -> bool:
@@ -122,7 +123,8 @@ class TextReport:
                 "kl_mean": sum(r.kl for r in s) / max(n, 1), "kl_max": max((r.kl for r in s), default=0.0),
                 "tokens": sum(r.tokens for r in s), "pc_tokens": sum(r.pc_tokens for r in s),
                 "exact_tokens": sum(r.exact_tokens for r in s),
-                "ms": sum(r.ms for r in s), "exact_ms": sum(r.exact_ms for r in s), "pc_ms": sum(r.pc_ms for r in s)}
+                "ms": sum(r.ms for r in s), "exact_ms": sum(r.exact_ms for r in s), "pc_ms": sum(r.pc_ms for r in s),
+                "idle_tokens": sum(r.idle_tokens for r in s), "idle_ms": sum(r.idle_ms for r in s)}
 
 
 class _PrefixCache:
@@ -158,10 +160,17 @@ class TextReaderAgent:
     k:       entries held per step
     window:  extra ``Window`` arguments for the windowkit window (e.g. ``{"rank": 16}``, ``{"repair": "all"}``)
     max_new: most answer tokens decoded (decoding stops after the first number)
+    anticipate: between steps (after the answer, off the timed step), prepare the entries the next step keeps:
+             ``win.prefetch(next=...)`` of the next window's leading entries that are in the window now (a slide's
+             survivors), their exact conditioned KV in their next places. The next step then prefills only its
+             new entry (or a look-back's recalled one, which the next question asks for: not guessed) and the
+             question, and its answer is exact re-prefill's. Counted apart: ``StepRow.idle_tokens``, ``idle_ms``
+
+        agent = TextReaderAgent(model, tok, k=5, anticipate=True)
     """
 
     def __init__(self, model: Any, tok: Any, k: int = 5, window: Optional[dict] = None, max_new: int = 6,
-                 threads: Optional[int] = None, engine: Any = None):
+                 threads: Optional[int] = None, engine: Any = None, anticipate: bool = False):
         if int(k) < 1:
             raise WindowkitError(f"k must be >= 1 entry, got {k}")
         if int(max_new) < 1:
@@ -180,6 +189,7 @@ class TextReaderAgent:
         self.codec = TextCodec(tok)
         self.prefix = self.codec.prefix()
         self.recorder = None  # a TraceRecorder: each step's window is recorded after its answer (untimed)
+        self.anticipate = bool(anticipate)
 
     def run(self, log: Log, on_step: Optional[Callable[[StepRow], None]] = None) -> TextReport:
         if not log.plan:
@@ -201,7 +211,8 @@ class TextReaderAgent:
         stop = number_done(self.codec)
         prev: list[Chunk] = []
         report = TextReport()
-        for step in log.plan:
+        nexts = list(log.plan[1:]) + [None]
+        for step, nxt in zip(log.plan, nexts):
             want = [chunks[i] for i in step.chunks]
             q = self.codec.query(step.question, step.lead)
             # windowkit
@@ -224,6 +235,15 @@ class TextReaderAgent:
                 self.recorder.record(win, query_tokens=len(q))
             t0 = time.perf_counter()
             win.flush()  # between steps: the exact conditioned copies this step keeps go to the store now
+            idle_tokens = 0
+            if self.anticipate and nxt is not None:
+                keep = []  # the next window's leading entries held now: what its step keeps of this one
+                for i in nxt.chunks:
+                    if chunks[i].id not in win:
+                        break
+                    keep.append(chunks[i].id)
+                if keep:
+                    idle_tokens = win.prefetch(next=keep)["prefilled"]
             idle_ms = (time.perf_counter() - t0) * 1e3
             # exact re-prefill
             t0 = time.perf_counter()
@@ -241,7 +261,7 @@ class TextReaderAgent:
                           self.codec.text(a.tokens), self.codec.text(e.tokens), self.codec.text(p.tokens),
                           kl_divergence(e.logits, a.logits), tokens, prefix_cache_tokens(prev, want) + len(q),
                           len(window_ids) + len(q), ms, exact_ms, pc_ms, q.tolist(), window_ids, e.logits, e.tokens,
-                          cached, idle_ms)
+                          cached, idle_ms, idle_tokens)
             prev = want
             report.steps.append(row)
             if on_step is not None:
@@ -302,6 +322,9 @@ def format_table(report: TextReport) -> str:
               f"prefill tokens: windowkit {s['tokens']}, prefix cache {s['pc_tokens']} "
               f"({s['tokens'] / max(s['pc_tokens'], 1):.2f}x), exact {s['exact_tokens']} | wall time: windowkit "
               f"{s['ms'] / 1e3:.1f} s, prefix cache {s['pc_ms'] / 1e3:.1f} s, exact {s['exact_ms'] / 1e3:.1f} s"]
+    if s["idle_tokens"]:
+        lines.append(f"between steps (each next step's kept entries prepared): {s['idle_tokens']} prefill tokens, "
+                     f"{s['idle_ms'] / 1e3:.1f} s (not in the steps above)")
     cached = [r.engine_cached for r in report.steps if r.engine_cached is not None]
     if cached:
         lines.append(f"windowkit answered by the SGLang engine: {sum(cached)} prompt tokens restored from plans "

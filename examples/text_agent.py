@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python examples/text_agent.py                    # SmolLM2-135M, k=5, 10 steps
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --steps 20 --k 6
+    PYTHONPATH=. .venv/bin/python examples/text_agent.py --anticipate       # each next step prepared between steps
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --record text.jsonl   # also write the steps as a trace
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --model /path/to/local/chat-checkpoint
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --engine sglang --steps 4 --k 3   # a live SGLang Engine
@@ -13,6 +14,9 @@ the prefix cache still run on transformers, so the table compares the engine's a
 
 Every step is answered on the windowkit window (patch mode, the Window's defaults), on exact re-prefill and on a
 prefix cache; the table shows the answers, KL(exact || windowkit), prefill tokens and wall time (agents/text_reader.py).
+With ``--anticipate`` the agent prepares, after each answer, the entries the next step keeps
+(``win.prefetch(next=...)``): each step then prefills only its new entry and the question, exactly; the work moved
+between steps is printed apart.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="which generated log")
     ap.add_argument("--lookback-every", type=int, default=3, help="every n-th step recalls an evicted entry")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--anticipate", action="store_true",
+                    help="between steps, prepare the entries the next step keeps (win.prefetch(next=...))")
     ap.add_argument("--engine", choices=("hf", "sglang"), default="hf",
                     help="what answers on the windowkit window: transformers (default) or a live SGLang Engine on CPU")
     ap.add_argument("--page-size", type=int, default=16, help="SGLang's page size (with --engine sglang)")
@@ -72,10 +78,11 @@ def main(argv=None) -> int:
             engine = SGLangBackend.launch_cpu(folder, HFBackend(model), page_size=args.page_size)
             print(f"engine ready in {engine.engine.info.get('start_s', 0):.0f} s (sglang "
                   f"{engine.engine.info.get('sglang')}, log {engine.engine.log_path})", flush=True)
-        agent = TextReaderAgent(model, tok, k=args.k, engine=engine)
+        agent = TextReaderAgent(model, tok, k=args.k, engine=engine, anticipate=args.anticipate)
         log = make_log(args.seed, args.steps, args.k, lookback_every=args.lookback_every)
         print(f"model {args.model} | engine {args.engine} | log of {len(log.texts)} entries | window k={args.k} | "
-              f"{args.steps} steps, a look-back every {args.lookback_every}")
+              f"{args.steps} steps, a look-back every {args.lookback_every}"
+              + (" | each next step prepared between steps" if args.anticipate else ""))
         if args.record:
             from windowkit.trace import TraceRecorder
 

@@ -257,6 +257,27 @@ def test_bench_real_ahead_prepares_each_slide_off_the_critical_path(model, tok) 
     assert all("idle_tokens" in s["default"] for s in steps)  # the default's prefetch() is idle work too
 
 
+def test_text_agent_anticipating_prefills_only_the_new_entry(model, tok) -> None:
+    """``TextReaderAgent(anticipate=True)``: after each answer the entries the next step keeps are prepared
+    (``prefetch(next=...)``, their exact conditioned KV). Each step then prefills only the entries behind that
+    kept run (the new entry, and a look-back's recalled one, which is not guessed) and the question, fewer than the
+    prefix cache, and every answer is exact re-prefill's (KL ~ 0); the work between steps is counted apart."""
+    log = make_log(seed=1, steps=5, k=3, n_filler=2, lookback_every=2, reach=1)
+    report = TextReaderAgent(model, tok, k=3, anticipate=True).run(log)
+    rows = report.steps
+    assert [r.kind for r in rows] == ["slide", "slide", "look-back", "slide", "look-back"]
+    entry = [len(TextCodec(tok).chunk(t, f"entry-{i}")) for i, t in enumerate(log.texts)]
+    for prev, r in zip(rows, rows[1:]):  # the leading entries held before are kept; the rest runs with the question
+        kept = next((j for j, i in enumerate(r.entries) if i not in prev.entries), len(r.entries))
+        assert r.tokens == sum(entry[i] for i in r.entries[kept:]) + len(r.query_ids) <= r.pc_tokens, (r.index, r.tokens)
+    assert rows[1].tokens == entry[3] + len(rows[1].query_ids) < rows[1].pc_tokens  # a slide: the floor's tokens
+    assert all(r.kl < 1e-6 and r.same_as_exact for r in rows), [(r.kl, r.answer, r.exact_answer) for r in rows]
+    # after a look-back the kept entries stand exactly conditioned in place already; the last step has no next
+    assert [r.idle_tokens > 0 for r in rows] == [True, True, False, True, False]
+    s = report.summary()
+    assert s["idle_tokens"] == sum(r.idle_tokens for r in rows) and "between steps" in format_table(report)
+
+
 # ---------------------------------------------------------------------- the seeded tasks, version 2
 def test_tasks_version_2_gives_every_fact_of_a_window_its_own_kind() -> None:
     rng = random.Random(3)
