@@ -718,8 +718,8 @@ def format_summary(report: AgentReport) -> str:
              f"{f(ratio(s['windowkit_ms_modeled'], s['prefix_cache_ms_modeled']), '.2f')} |",
              f"| est_ms_saved (win.stats) | {t['est_ms_saved']:.0f} |"]
     if s["windowkit_idle_tokens"]:  # anticipate=True: the next slide prepared between steps (not in the step)
-        lines.append(f"| between steps (each next step prepared): prefill tokens / ms | {s['windowkit_idle_tokens']} / "
-                     f"{s['windowkit_idle_ms']:.0f} |")
+        lines.append(f"| between steps (each next step prepared): prefill tokens / ms | "
+                     f"{s['windowkit_idle_tokens']} / {s['windowkit_idle_ms']:.0f} |")
     bkl = [r.blind_kl for r in report.steps if r.blind_kl is not None]
     if bkl:
         lines.append(f"| next-token KL vs exact, blind reuse: mean / max | {sum(bkl) / len(bkl):.2e} / {max(bkl):.2e} |")

@@ -269,7 +269,7 @@ def test_text_agent_anticipating_prefills_only_the_new_entry(model, tok) -> None
     entry = [len(TextCodec(tok).chunk(t, f"entry-{i}")) for i, t in enumerate(log.texts)]
     for prev, r in zip(rows, rows[1:]):  # the leading entries held before are kept; the rest runs with the question
         kept = next((j for j, i in enumerate(r.entries) if i not in prev.entries), len(r.entries))
-        assert r.tokens == sum(entry[i] for i in r.entries[kept:]) + len(r.query_ids) <= r.pc_tokens, (r.index, r.tokens)
+        assert r.tokens == sum(entry[i] for i in r.entries[kept:]) + len(r.query_ids) <= r.pc_tokens, r.index
     assert rows[1].tokens == entry[3] + len(rows[1].query_ids) < rows[1].pc_tokens  # a slide: the floor's tokens
     assert all(r.kl < 1e-6 and r.same_as_exact for r in rows), [(r.kl, r.answer, r.exact_answer) for r in rows]
     # after a look-back the kept entries stand exactly conditioned in place already; the last step has no next

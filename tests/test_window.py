@@ -593,8 +593,8 @@ def test_a_prepared_step_takes_the_planners_choice_without_asking_it(llama, monk
     """The step ``prefetch(next=...)`` prepared (the window unchanged since, the wanted window opening with the
     prepared chunks in their order, the rest of the window dropped or recalled behind them) gets the planner's own
     answer without running the planner: the same route, kept prefix and prefill, an edit bound no lower than the
-    planner's. Any other step asks the planner: the window edited since, another order, a step where the prefix cache keeps every
-    prepared chunk. Every step equals transformers' forward over the new window."""
+    planner's. Any other step asks the planner: the window edited since, another order, a step where the prefix
+    cache keeps every prepared chunk. Every step equals transformers' forward over the new window."""
     import windowkit.window.window as window_mod
     from windowkit.window.plan import choose_step
 

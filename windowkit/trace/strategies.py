@@ -335,8 +335,9 @@ class WindowkitStrategy(Strategy):
               chooses what it recalls with this step's answer), with the never-seen text chunks in front of a live
               one (the agent's own rewrites of its history, such as a screenshot clipped to its text where it
               stood). A never-seen visual chunk, or never-seen text behind every live chunk, ends the run: an
-              observation comes from outside, after the step. What an agent that decides its next context at the end of a step prepares while it waits
-              for the next observation (``LongVideoAgent(anticipate=True)``). A guess is never wrong here (the trace
+              observation comes from outside, after the step. What an agent that decides its next context at the
+              end of a step prepares while it waits for the next observation (``LongVideoAgent(anticipate=True)``).
+              A guess is never wrong here (the trace
               says what comes), so a wrong guess's idle cost is not modeled; the critical path is. The prefetch's
               cost is booked as ``idle_ms`` / ``idle_tokens`` of the step before, not in its ``total_ms``.
     store_budget_bytes: bound the store (None: unbounded); the fake KV is 16 bytes per token
