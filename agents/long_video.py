@@ -523,15 +523,13 @@ class LongVideoAgent:
         prev: list[Chunk] = []
         it: Iterable = progress(plan) if progress is not None else plan
         exact_ms_tok: list[float] = []
-        following = {id(s): n for s, n in zip(plan, list(plan)[1:])}  # each step's next plan step
         seen: set[int] = set()  # frames shown so far
         with recording(self, self.record):  # a failed step leaves the steps done so far in the trace
-            for s in it:
+            for n, s in enumerate(it):
                 a = asks.get(s.index)
                 p = torch.as_tensor(list(a.prompt), dtype=torch.long) if a is not None else prompt
                 seen.update(s.frames)
-                nxt = following.get(id(s))
-                guess = [] if nxt is None else self.next_guess(nxt, seen, frames, question)  # last: none
+                guess = self.next_guess(plan[n + 1], seen, frames, question) if n + 1 < len(plan) else []
                 row = self.step(s, [frames[i] for i in s.frames], question, p, prev, a, next_window=guess)
                 prev = [frames[i] for i in s.frames] + ([question] if question is not None else [])
                 if row.exact_ms is not None and row.window_tokens:

@@ -13,6 +13,7 @@ from _need import need  # noqa: E402
 cv2 = need("cv2", "pip install opencv-python-headless (in requirements.txt: make venv)")
 
 from agents.long_video import STAT_FIELDS, LongVideoAgent, Step, format_summary, make_plan  # noqa: E402
+from windowkit.chunk import Chunk  # noqa: E402
 from windowkit.kv.metrics import kl_divergence as _kl  # noqa: E402
 from agents.video_io import VideoError, read_frames, write_synthetic_video  # noqa: E402
 from windowkit.errors import ChunkError, WindowkitError  # noqa: E402
@@ -74,6 +75,19 @@ def test_plan():
         make_plan(8, window=3, steps=9)
     with pytest.raises(WindowkitError):
         make_plan(8, window=0)
+
+
+def test_next_guess_holds_what_the_agent_has_seen_up_to_the_new_frame():
+    """``LongVideoAgent.next_guess``: the next step's leading frames already shown, up to its first new one; the
+    question too only where no frame is new (it sits behind them). Hand-checked on a plan with a look-back."""
+    frames = [Chunk.text(torch.tensor([10 + i]), id=f"f{i}") for i in range(16)]
+    q = Chunk.text(torch.tensor([5, 6]), id="question")
+    plan = make_plan(16, 3, 16, [13], lookback=(11, 10))  # step 13 holds frames 2, 3, 13
+    assert LongVideoAgent.next_guess(plan[5], set(range(5)), frames, q) == ["f3", "f4"]  # a slide: f5 is new
+    assert LongVideoAgent.next_guess(plan[13], set(range(13)), frames, q) == ["f2", "f3"]  # the look-back
+    assert LongVideoAgent.next_guess(plan[14], set(range(14)), frames, q) == ["f12", "f13"]  # the return
+    assert LongVideoAgent.next_guess(plan[5], set(range(6)), frames, q) == ["f3", "f4", "f5", "question"]
+    assert LongVideoAgent.next_guess(plan[5], set(range(6)), frames, None) == ["f3", "f4", "f5"]
 
 
 def test_agent_end_to_end(run):
