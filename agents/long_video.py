@@ -39,6 +39,7 @@ from transformers import AutoTokenizer
 
 from agents.common import common_prefix, common_prefix_tokens
 from agents.video_io import Frame, VideoError, read_frames, sample_qwen_video, write_synthetic_video
+from policies.guess import make_guess
 from policies.refresh import make_refresh
 from windowkit.backends.hf import HFBackend
 from windowkit.chunk import Chunk
@@ -440,13 +441,16 @@ class LongVideoAgent:
                chooses itself, and the frames behind them; the return after it), their exact conditioned KV in
                those places. The next step then prefills only its new frame and the question. ``step`` called
                without a next step guesses a slide (``frames[1:]``). Counted apart: ``idle_ms``, ``idle_tokens``
+    guess:     instead of ``anticipate``, a guess policy (``policies.guess``: "slide", or an instance) prepares the
+               next step between steps from the window's history alone (``pol.apply(win)``): the agent's plan is
+               not read. Its counters: ``agent.guesser.counters`` (wrong guesses' prefill: ``wasted``)
     """
 
     def __init__(self, model: Any, *, window: int = 6, rank: Optional[int] = 32, mode: str = "patch",
                  frame_size: tuple[int, int] = (112, 84), reference: bool = True, model_path: Optional[str] = None,
                  max_new_tokens: int = 4, record: Union[str, Path, None] = None,
                  prefix: Union[Chunk, Sequence[int], None] = None, blind: bool = False, refresh: Any = None,
-                 anticipate: bool = False):
+                 anticipate: bool = False, guess: Any = None):
         if int(window) < 1:
             raise WindowkitError(f"window must be >= 1 frame, got {window}")
         self.window = int(window)
@@ -466,6 +470,10 @@ class LongVideoAgent:
         self.record = record
         self.recorder = None  # the open TraceRecorder while ``run`` records
         self.anticipate = bool(anticipate)
+        if self.anticipate and guess is not None:
+            raise WindowkitError("anticipate (the agent prepares its own next step) and guess (a policy guesses it) "
+                                 "exclude each other")
+        self.guesser = make_guess(guess)  # PolicyError (a WindowkitError) on a bad spec
 
     # ------------------------------------------------------------------ input
     def load_video(self, path: str, fps: Optional[float] = 2.0, max_frames: Optional[int] = None) -> list[Chunk]:
@@ -589,6 +597,11 @@ class LongVideoAgent:
             guess = [c.id for c in frame_chunks[1:]] if next_window is None else list(next_window)
             if guess:
                 idle_tokens = self.win.prefetch(next=guess)["prefilled"]
+        elif self.guesser is not None:  # after a run's last step (no next window): only score the last guess
+            if next_window is not None and not next_window:
+                self.guesser.observe(self.win.ids)
+            else:
+                idle_tokens = self.guesser.apply(self.win)["prefilled"]
         idle_ms = (time.perf_counter() - t_idle) * 1e3
         delta = {k: after[k] - before[k] for k in STAT_FIELDS}
         delta["vision_calls"] = self.backend.stats.vision_calls - vc0

@@ -45,6 +45,7 @@ from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
 from windowkit.kv.layout import concat
 from windowkit.kv.metrics import kl_divergence
+from windowkit.registry import make_policy
 from windowkit.window import Window
 
 
@@ -113,6 +114,7 @@ class StepRow:
 class TextReport:
     steps: list[StepRow] = field(default_factory=list)
     stats: dict = field(default_factory=dict)  # the windowkit window's final stats
+    guess: dict = field(default_factory=dict)  # the guess policy's counters (``guess=``), else empty
 
     def summary(self) -> dict:
         n = len(self.steps)
@@ -165,12 +167,16 @@ class TextReaderAgent:
              survivors), their exact conditioned KV in their next places. The next step then prefills only its
              new entry (or a look-back's recalled one, which the next question asks for: not guessed) and the
              question, and its answer is exact re-prefill's. Counted apart: ``StepRow.idle_tokens``, ``idle_ms``
+    guess:   instead of ``anticipate``, let a guess policy (``policies.guess``: "slide", or an instance) prepare
+             the next step from the window's history alone, between steps (``pol.apply(win)``): the agent tells the
+             Window nothing of its plan. A wrong guess's prefill is idle work too (``report.guess``: the counters)
 
         agent = TextReaderAgent(model, tok, k=5, anticipate=True)
+        agent = TextReaderAgent(model, tok, k=5, guess="slide")
     """
 
     def __init__(self, model: Any, tok: Any, k: int = 5, window: Optional[dict] = None, max_new: int = 6,
-                 threads: Optional[int] = None, engine: Any = None, anticipate: bool = False):
+                 threads: Optional[int] = None, engine: Any = None, anticipate: bool = False, guess: Any = None):
         if int(k) < 1:
             raise WindowkitError(f"k must be >= 1 entry, got {k}")
         if int(max_new) < 1:
@@ -190,6 +196,10 @@ class TextReaderAgent:
         self.prefix = self.codec.prefix()
         self.recorder = None  # a TraceRecorder: each step's window is recorded after its answer (untimed)
         self.anticipate = bool(anticipate)
+        if self.anticipate and guess is not None:
+            raise WindowkitError("anticipate (the agent prepares its own next step) and guess (a policy guesses it) "
+                                 "exclude each other")
+        self.guess = guess
 
     def run(self, log: Log, on_step: Optional[Callable[[StepRow], None]] = None) -> TextReport:
         if not log.plan:
@@ -208,6 +218,9 @@ class TextReaderAgent:
                      **{"mode": "patch", **self.window_kwargs})
         exact = Window(self.backend, mode="exact", prefix=self.prefix)
         pc = _PrefixCache(self.backend, self.prefix)
+        guesser = make_policy("guess", self.guess)
+        if guesser is not None:
+            guesser.reset()
         stop = number_done(self.codec)
         prev: list[Chunk] = []
         report = TextReport()
@@ -244,6 +257,8 @@ class TextReaderAgent:
                     keep.append(chunks[i].id)
                 if keep:
                     idle_tokens = win.prefetch(next=keep)["prefilled"]
+            elif guesser is not None:  # (after the last step: only score the last guess)
+                idle_tokens = guesser.apply(win)["prefilled"] if nxt is not None else guesser.observe(win.ids) or 0
             idle_ms = (time.perf_counter() - t0) * 1e3
             # exact re-prefill
             t0 = time.perf_counter()
@@ -267,6 +282,7 @@ class TextReaderAgent:
             if on_step is not None:
                 on_step(row)
         report.stats = win.stats.as_dict()
+        report.guess = dict(guesser.counters) if guesser is not None else {}
         return report
 
     def _engine_answer(self, win: Any, q: torch.Tensor, stop: Callable[[list[int]], bool]) -> tuple[Answer, int, int]:
@@ -323,8 +339,13 @@ def format_table(report: TextReport) -> str:
               f"({s['tokens'] / max(s['pc_tokens'], 1):.2f}x), exact {s['exact_tokens']} | wall time: windowkit "
               f"{s['ms'] / 1e3:.1f} s, prefix cache {s['pc_ms'] / 1e3:.1f} s, exact {s['exact_ms'] / 1e3:.1f} s"]
     if s["idle_tokens"]:
-        lines.append(f"between steps (each next step's kept entries prepared): {s['idle_tokens']} prefill tokens, "
+        what = "each next step guessed and prepared" if report.guess else "each next step's kept entries prepared"
+        lines.append(f"between steps ({what}): {s['idle_tokens']} prefill tokens, "
                      f"{s['idle_ms'] / 1e3:.1f} s (not in the steps above)")
+    if report.guess:
+        g = report.guess
+        lines.append(f"guesses: {g['guesses']} made, {g['prepared']} prepared, {g['hits']} right; "
+                     f"{g['wasted']} tokens prefilled for wrong ones")
     cached = [r.engine_cached for r in report.steps if r.engine_cached is not None]
     if cached:
         lines.append(f"windowkit answered by the SGLang engine: {sum(cached)} prompt tokens restored from plans "

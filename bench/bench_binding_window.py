@@ -10,7 +10,9 @@ per step). Per rule a ``LongVideoAgent`` runs the 60 steps with an exact re-pref
 beside it (``PrefixCache``: the unchanged leading frames kept, the rest and the question prefilled in ONE
 forward). Rules: ``default`` (the Window's defaults: fidelity "balanced"), ``ahead`` (the defaults, and the agent
 prepares each next slide between steps: ``LongVideoAgent(anticipate=True)``, ``win.prefetch(next=frames[1:])``,
-timed with the between-steps work), ``removal`` (``Window(removal_patches=True)``: every survivor re-conditioned by
+timed with the between-steps work), ``slide`` (the defaults, and a guess policy prepares each next step between
+steps from the window's history alone: ``LongVideoAgent(guess="slide")``, ``policies.guess.SlideGuess``; the agent's
+plan is not read, and wrong guesses cost idle prefill), ``removal`` (``Window(removal_patches=True)``: every survivor re-conditioned by
 a removal patch after an eviction), or any repair spec (``all``, ``head``, ``none``, ...). Frames are hashed
 when made (as a chunk without an id is), not by whichever strategy's timed step sees them first. Accuracy and KL
 are deterministic; times are the sum of the 60 timed steps (windowkit: ``assign`` + the question's forward;
@@ -65,10 +67,10 @@ def video(seed: int) -> tuple:
 def run_rule(model, seed: int, rule: str) -> dict:
     frames, ask, prefix, plan = video(seed)
     agent = LongVideoAgent(model, window=WINDOW, prefix=prefix, blind=False, max_new_tokens=1,
-                           anticipate=rule == "ahead")
+                           anticipate=rule == "ahead", guess="slide" if rule == "slide" else None)
     if rule == "removal":  # removal patches re-condition every survivor after an eviction (one forward over them)
         agent.win = Window(agent.backend, prefix=agent.prefix, repair="none", removal_patches=True)
-    elif rule not in ("default", "ahead"):
+    elif rule not in ("default", "ahead", "slide"):
         agent.win = Window(agent.backend, prefix=agent.prefix, repair=rule)
     rep = agent.run(frames, plan, (), (), ask=ask)
     s = rep.summary()
@@ -84,7 +86,8 @@ def run_rule(model, seed: int, rule: str) -> dict:
                 windowkit_model_ms=sum(r.model_ms for r in rep.steps),
                 prefix_cache_model_ms=sum(r.pc_model_ms or 0.0 for r in rep.steps),
                 step_ratios=[r.ms / r.pc_ms for r in rep.steps if r.pc_ms],
-                fallbacks=agent.win.stats.fallbacks, prefix_plans=agent.win.stats.prefix_plans)
+                fallbacks=agent.win.stats.fallbacks, prefix_plans=agent.win.stats.prefix_plans,
+                guess=dict(agent.guesser.counters) if agent.guesser is not None else None)
 
 
 def run_floor(model, seed: int) -> dict:
@@ -134,7 +137,8 @@ def table(rows: list[dict], rules: list[str]) -> str:
         pc_ms = sum(r["prefix_cache_ms"] for r in rs)
         wk_out = sum(r["windowkit_ms"] - r["windowkit_model_ms"] for r in rs) / pc_ms
         pc_out = sum(r["prefix_cache_ms"] - r["prefix_cache_model_ms"] for r in rs) / pc_ms
-        label = f"{rule} (`{rs[0]['repair']}`" + (" + `prefetch(next=...)` between steps" if rule == "ahead" else "") + ")"
+        between = {"ahead": " + `prefetch(next=...)` between steps", "slide": " + a `slide` guess between steps"}
+        label = f"{rule} (`{rs[0]['repair']}`" + between.get(rule, "") + ")"
         lines.append(f"| {label} | {wk} / {ex} (of {n}) | {100 * (wk - ex) / n:+.1f} | "
                      f"{sum(r['answers_differ'] for r in rs)} | {kl:.1e} / {klmax:.1e} | {tok:.2f}x | "
                      f"{ms:.2f}x / {med:.2f}x | {idle:.2f}x | {wk_out:.3f}x / {pc_out:.3f}x |")
@@ -153,7 +157,7 @@ def floor_line(floors: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2,3,4", help="binding videos")
-    ap.add_argument("--rules", default="default,ahead,all,head,none", help="'default', 'ahead', 'removal' or repair specs, comma-separated")
+    ap.add_argument("--rules", default="default,ahead,slide,all,head,none", help="'default', 'ahead', 'slide', 'removal' or repair specs, comma-separated")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=str(ROOT / "bench/results/binding_window.json"))
     ap.add_argument("--md", default=str(ROOT / "bench/results/binding_window.md"))

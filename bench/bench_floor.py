@@ -14,7 +14,10 @@ floor is above 0.6x radix) and which strategies meet it.
 Writes ``bench/results/floor.json`` (``--json``) and ``bench/results/floor.md`` (the table printed at the end).
 The last three columns: ``windowkit-ahead``, the same Window driven by an agent that prepares each next step's
 surviving chunks between steps (``prefetch(next=...)``, ``WindowkitStrategy(anticipate=True)``): its steps' cost,
-and in parentheses the preparation's, which is not in its time (``idle_ms``, ``idle_tokens``).
+and in parentheses the preparation's, which is not in its time (``idle_ms``, ``idle_tokens``). The three after them:
+``windowkit-slide``, the same Window prepared between steps by a guess policy that reads only the window's history
+(``policies.guess.SlideGuess``: the last slide again), its wrong guesses' prefill ("wasted") included in the
+preparation.
 windowkit is the real Window (``WindowkitStrategy``) with the Window's current defaults: the JSON records the
 commit and a digest of ``windowkit/window/window.py`` so a number can be tied to the Window it came from.
 """
@@ -36,8 +39,9 @@ from windowkit.trace.simulate import DEFAULT_STRATEGIES, WindowkitStrategy, load
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("h100-kamera", "cpu-tiny")
-# the defaults, and windowkit with the agent's between-steps preparation (its step's cost; the preparation apart)
-STRATEGY_NAMES = tuple(DEFAULT_STRATEGIES) + ("windowkit-ahead",)
+# the defaults, and windowkit with the agent's between-steps preparation (its step's cost; the preparation apart):
+# told the next step by the agent (ahead), or guessed from the window's history by policies.guess "slide" (slide)
+STRATEGY_NAMES = tuple(DEFAULT_STRATEGIES) + ("windowkit-ahead", "windowkit-slide")
 
 
 def _git(*args: str) -> str:
@@ -65,6 +69,11 @@ def trace_specs(videotree: int | None) -> list[str]:
     vt = "" if videotree is None else f":{videotree}"
     recorded = [str(p.relative_to(ROOT)) for p in sorted(RECORDED.glob("*.jsonl"))]
     return list(GENERATORS) + recorded + [f"videotree{vt}", f"videotree-set{vt}"]
+
+
+def _guess_counters(strats) -> dict:
+    """The guess policy's counters of ``windowkit-slide`` after the run (guesses, prepared, hits, wasted tokens)."""
+    return next((st.guess_counters for st in strats if isinstance(st, WindowkitStrategy) and st.guess is not None), {})
 
 
 def _window_stats(strats) -> dict:
@@ -96,15 +105,18 @@ def run(specs: list[str], profiles=PROFILES) -> list[dict]:
                    "windowkit_over_target": wk / s["target_ms"] - 1 if s["target_ms"] > 0 else None,
                    # where windowkit's prefill above the floor goes: the Window's own counters after the run
                    "windowkit_window_stats": _window_stats(strats),
+                   "slide_guess": _guess_counters(strats),
                    "windowkit_prefill_above_floor": tot["windowkit"]["prefill_tokens"] - tot["floor"]["prefill_tokens"],
                    "wall_s": time.perf_counter() - t0, "wall_s_per_strategy": s["wall_s"]}
             rows.append(row)
             r = row["ratios"]
             ahead = tot["windowkit-ahead"]["total_ms"] / tot["radix"]["total_ms"] if tot["radix"]["total_ms"] else 0.0
+            slide = tot["windowkit-slide"]["total_ms"] / tot["radix"]["total_ms"] if tot["radix"]["total_ms"] else 0.0
             print(f"{spec:26s} {prof:12s} {row['steps']:5d} steps  wk/radix {r['windowkit/radix']:.3f}  wk/floor "
                   f"{r['windowkit/floor']:.3f}  floor/radix {r['floor/radix']:.3f}  target {row['target']}: windowkit "
                   f"{'meets' if row['meets_target']['windowkit'] else 'fails'} ({row['windowkit_over_target']:+.1%}), "
-                  f"ahead {ahead:.3f}x radix {'meets' if row['meets_target']['windowkit-ahead'] else 'fails'}  "
+                  f"ahead {ahead:.3f}x radix {'meets' if row['meets_target']['windowkit-ahead'] else 'fails'}, "
+                  f"slide {slide:.3f}x {'meets' if row['meets_target']['windowkit-slide'] else 'fails'}  "
                   f"[{row['wall_s']:.1f} s]", flush=True)
     return rows
 
@@ -114,7 +126,8 @@ def markdown(rows: list[dict]) -> str:
     head = (["trace", "profile", "steps"] + [f"{n} s / tokens" for n in names]
             + ["windowkit/radix", "windowkit/floor", "floor/radix", "target", "windowkit meets", "windowkit vs target",
                "meeting it", "windowkit tokens above floor (repaired)",
-               "windowkit-ahead: step s / tokens (+ between steps)", "ahead/radix", "ahead meets"])
+               "windowkit-ahead: step s / tokens (+ between steps)", "ahead/radix", "ahead meets",
+               "windowkit-slide: step s / tokens (+ between steps, of them wasted)", "slide/radix", "slide meets"])
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         st = r["strategies"]
@@ -131,6 +144,10 @@ def markdown(rows: list[dict]) -> str:
         cells += [f"{a['total_ms'] / 1e3:,.1f} / {a['prefill_tokens']:,} (+ {a['idle_ms'] / 1e3:,.1f} / "
                   f"{a['idle_tokens']:,})", f"{a['total_ms'] / rad:.3f}" if rad else "-",
                   "yes" if r["meets_target"]["windowkit-ahead"] else "**no**"]
+        g, w = st["windowkit-slide"], r.get("slide_guess", {}).get("wasted", 0)
+        cells += [f"{g['total_ms'] / 1e3:,.1f} / {g['prefill_tokens']:,} (+ {g['idle_ms'] / 1e3:,.1f} / "
+                  f"{g['idle_tokens']:,}, {w:,})", f"{g['total_ms'] / rad:.3f}" if rad else "-",
+                  "yes" if r["meets_target"]["windowkit-slide"] else "**no**"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

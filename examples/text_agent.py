@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python examples/text_agent.py                    # SmolLM2-135M, k=5, 10 steps
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --steps 20 --k 6
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --anticipate       # each next step prepared between steps
+    PYTHONPATH=. .venv/bin/python examples/text_agent.py --guess slide      # ... guessed by a policy, not told
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --record text.jsonl   # also write the steps as a trace
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --model /path/to/local/chat-checkpoint
     PYTHONPATH=. .venv/bin/python examples/text_agent.py --engine sglang --steps 4 --k 3   # a live SGLang Engine
@@ -16,7 +17,9 @@ Every step is answered on the windowkit window (patch mode, the Window's default
 prefix cache; the table shows the answers, KL(exact || windowkit), prefill tokens and wall time (agents/text_reader.py).
 With ``--anticipate`` the agent prepares, after each answer, the entries the next step keeps
 (``win.prefetch(next=...)``): each step then prefills only its new entry and the question, exactly; the work moved
-between steps is printed apart.
+between steps is printed apart. With ``--guess slide`` the agent tells the Window nothing of its next step: a guess
+policy (``policies/guess.py``) guesses it from the window's history (the last slide again) and prepares it; its
+wrong guesses cost idle prefill, counted on the last line.
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--anticipate", action="store_true",
                     help="between steps, prepare the entries the next step keeps (win.prefetch(next=...))")
+    ap.add_argument("--guess", default=None, choices=("slide", "none"),
+                    help="between steps, a guess policy prepares the next step from the window's history alone")
     ap.add_argument("--engine", choices=("hf", "sglang"), default="hf",
                     help="what answers on the windowkit window: transformers (default) or a live SGLang Engine on CPU")
     ap.add_argument("--page-size", type=int, default=16, help="SGLang's page size (with --engine sglang)")
@@ -46,6 +51,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.k < 1 or args.steps < 1 or args.lookback_every < 2 or args.threads < 1 or args.page_size < 1:
         ap.error("--k, --steps, --threads and --page-size must be >= 1 and --lookback-every >= 2")
+    if args.anticipate and args.guess:
+        ap.error("--anticipate and --guess exclude each other: the agent tells its next step, or a policy guesses it")
     if args.model != "smollm2" and not os.path.isdir(args.model):
         ap.error(f"--model must be 'smollm2' or a local checkpoint folder, got {args.model!r}")
 
@@ -78,11 +85,12 @@ def main(argv=None) -> int:
             engine = SGLangBackend.launch_cpu(folder, HFBackend(model), page_size=args.page_size)
             print(f"engine ready in {engine.engine.info.get('start_s', 0):.0f} s (sglang "
                   f"{engine.engine.info.get('sglang')}, log {engine.engine.log_path})", flush=True)
-        agent = TextReaderAgent(model, tok, k=args.k, engine=engine, anticipate=args.anticipate)
+        agent = TextReaderAgent(model, tok, k=args.k, engine=engine, anticipate=args.anticipate, guess=args.guess)
         log = make_log(args.seed, args.steps, args.k, lookback_every=args.lookback_every)
         print(f"model {args.model} | engine {args.engine} | log of {len(log.texts)} entries | window k={args.k} | "
               f"{args.steps} steps, a look-back every {args.lookback_every}"
-              + (" | each next step prepared between steps" if args.anticipate else ""))
+              + (" | each next step prepared between steps" if args.anticipate else "")
+              + (f" | a '{args.guess}' guess policy prepares each next step" if args.guess else ""))
         if args.record:
             from windowkit.trace import TraceRecorder
 

@@ -136,6 +136,27 @@ def test_anticipated_slides_prefill_only_the_new_frame(model):
         assert 0 < r.model_ms <= r.ms and 0 < r.pc_model_ms <= r.pc_ms, (r.index, r.model_ms, r.ms)
 
 
+def test_a_slide_guess_prepares_the_slides_without_reading_the_plan(model):
+    """``guess="slide"``: the agent does not read its plan; ``policies.guess.SlideGuess`` prepares, between steps, the
+    last slide repeated (the two survivors behind the BOS prefix: 14 tokens). The first slide (step 3) has no guess
+    yet and prefills its 3 frames; every later step, the look-back's too (frames 2 and 3 stand exactly conditioned
+    in the store from step 4, in the same places), prefills only its new frame in one forward, and every answer
+    is exact re-prefill's. The guess before the look-back misses: 14 tokens wasted. Hand counts."""
+    frames, ask, prefix = binding_video(N, seed=SEED)
+    agent = LongVideoAgent(model, window=3, prefix=prefix, max_new_tokens=1, guess="slide")
+    plan = make_plan(N, 3, N, [13], lookback=BINDING_LOOKBACK)
+    report = agent.run(frames, plan, ask=ask)
+    steps = report.steps
+    assert max(r.kl for r in steps) < 1e-6 and all(r.correct == r.exact_correct for r in steps)
+    assert [r.delta["prefill_tokens"] for r in steps] == [7, 7, 7, 21] + [7] * 12
+    assert all(r.delta["forwards"] == 1 for r in steps)
+    assert [r.idle_tokens for r in steps] == [0, 0, 0] + [14] * 12 + [0]  # the run's last step: nothing to prepare
+    assert agent.guesser.counters == {"steps": 16, "guesses": 12, "prepared": 12, "hits": 11, "prefilled": 168,
+                                      "wasted": 14}
+    with pytest.raises(WindowkitError, match="exclude each other"):
+        LongVideoAgent(model, window=3, anticipate=True, guess="slide")
+
+
 def test_the_binding_floor_answers_as_the_prefix_cache(model):
     """bench_binding_window's floor (each step's one unavoidable forward: the new frame and the question over an
     exact KV of the rest) is a floor of the same computation: its next-token logits equal the prefix cache's on

@@ -278,3 +278,107 @@ def test_belady_misses_on_a_paging_sequence() -> None:
 
     assert misses(LRU(), False) == 7
     assert misses(Belady(), True) == 5
+
+
+# ---------------------------------------------------------------------- guess policies (policies/guess.py)
+def _guesses(pol, windows):
+    """The policy's guess after each window (observed in turn)."""
+    out = []
+    for w in windows:
+        pol.observe(w)
+        out.append(pol.guess())
+    return out
+
+
+def test_slide_guess_follows_a_pinned_head_and_pairs() -> None:
+    from policies.guess import SlideGuess
+
+    # a web agent keeps its task at the head and the last 3 screenshots: s_k leaves from place 1
+    web = [["task", "s0"], ["task", "s0", "s1"], ["task", "s0", "s1", "s2"], ["task", "s1", "s2", "s3"],
+           ["task", "s2", "s3", "s4"]]
+    assert _guesses(SlideGuess(), web) == [None, None, None, ["task", "s2", "s3"], ["task", "s3", "s4"]]
+    # a browser agent slides a (screenshot, page) pair at a time
+    pairs = [["t", "a0", "p0", "a1", "p1"], ["t", "a1", "p1", "a2", "p2"]]
+    assert _guesses(SlideGuess(), pairs)[-1] == ["t", "a2", "p2"]
+
+
+def test_slide_guess_leaves_out_trailers_and_look_backs() -> None:
+    from policies.guess import SlideGuess
+
+    # a video agent holds 3 frames and re-asks its question behind each new one; a look-back to f0 pushes out two
+    video = [["f0", "f1", "q"], ["f0", "f1", "f2", "q"], ["f1", "f2", "f3", "q"], ["f0", "f4", "q"],
+             ["f3", "f4", "f5", "q"], ["f4", "f5", "f6", "q"]]
+    got = _guesses(SlideGuess(), video)
+    assert got[:2] == [None, None] and got[2] == ["f2", "f3"]
+    assert got[3] == ["f3", "f4"]  # the look-back is one step's: f3, pushed out by it, comes back
+    assert got[4] == ["f4", "f5"]
+    assert video[4][:2] == got[3] and video[5][:2] == got[4]  # (the look-back itself is not guessed: got[2] misses)
+    # a text agent recalls an old entry at the tail, pushing out one more; the next step drops the look-back only
+    text = [["e0", "e1", "e2", "e3"], ["e1", "e2", "e3", "e4"], ["e3", "e4", "e5", "e0"], ["e3", "e4", "e5", "e6"],
+            ["e4", "e5", "e6", "e7"]]
+    got = _guesses(SlideGuess(), text)
+    assert got[1:] == [["e2", "e3", "e4"], ["e3", "e4", "e5"], ["e4", "e5", "e6"], ["e5", "e6", "e7"]]
+    assert text[3][:3] == got[2] and text[4][:3] == got[3]  # after the look-back, the guesses open the next window
+    # ... or moves a live one behind the new entry: a look-back too, not a trailer (it did not close the window)
+    moved = [["e0", "e1", "e2"], ["e1", "e2", "e3"], ["e3", "e4", "e1"], ["e3", "e4", "e5"]]
+    assert _guesses(SlideGuess(), moved)[1:] == [["e2", "e3"], ["e3", "e4"], ["e4", "e5"]]
+
+
+def test_slide_guess_stays_silent_on_growth_and_rewrites() -> None:
+    from policies.guess import SlideGuess
+
+    assert _guesses(SlideGuess(), [["a"], ["a", "b"], ["a", "b", "c"]]) == [None, None, None]  # nothing left yet
+    # a screenshot clipped to text where it stood: what replaces the next one is not written yet
+    clip = [["t", "s0", "s1"], ["t", "s0", "s1", "s2"], ["t", "c0", "s1", "s2", "s3"]]
+    assert _guesses(SlideGuess(), clip)[-1] is None
+    # a step with no arrival (only a reorder) guesses nothing
+    assert _guesses(SlideGuess(), [["a", "b"], ["b", "c"], ["c", "b"]])[-1] is None
+
+
+class _FakeWindow:
+    """What ``GuessPolicy.apply`` reads of a Window: ``ids`` and ``prefetch(next=...)``."""
+
+    def __init__(self) -> None:
+        self.ids: list = []
+        self.prefetched: list = []
+
+    def prefetch(self, next=None):
+        self.prefetched.append(list(next))
+        return {"prefilled": 10 * len(next)}
+
+
+def test_guess_policy_prepares_only_while_its_guesses_hit() -> None:
+    from policies.guess import GuessPolicy
+
+    class Always(GuessPolicy):  # always guesses the window opens with "a"
+        def guess(self):
+            return ["a"]
+
+    pol, win = Always(memory=2, min_hit_rate=0.5), _FakeWindow()
+    prepared = []
+    for w in (["a", "b"], ["z"], ["z"], ["a"], ["a", "c"]):
+        win.ids = w
+        prepared.append(pol.apply(win)["guess"])
+    pol.observe(["a"])  # the window after the last step scores the last guess
+    # a miss stops the idle forwards; the guesses kept in the shadow hit again, and they resume
+    assert prepared == [["a"], None, None, ["a"], ["a"]]
+    assert pol.counters == {"steps": 6, "guesses": 5, "prepared": 3, "hits": 2, "prefilled": 30, "wasted": 10}
+    assert win.prefetched == [["a"]] * 3
+
+
+def test_make_guess_and_its_errors() -> None:
+    from policies.guess import GUESS_POLICIES, NoGuess, SlideGuess, make_guess
+    from windowkit.errors import PolicyError
+    from windowkit.registry import make_policy, names
+
+    assert make_guess(None) is None and isinstance(make_guess("slide"), SlideGuess)
+    assert isinstance(make_policy("guess", "none"), NoGuess) and names("guess") == list(GUESS_POLICIES)
+    pol = SlideGuess()
+    assert make_guess(pol) is pol and isinstance(make_guess(SlideGuess), SlideGuess)
+    with pytest.raises(PolicyError, match="unknown guess policy"):
+        make_guess("oracle")
+    with pytest.raises(PolicyError):
+        SlideGuess(memory=0)
+    win = _FakeWindow()
+    win.ids = ["a"]
+    assert NoGuess().apply(win) == {"guess": None, "prefilled": 0} and not win.prefetched

@@ -8,7 +8,8 @@ import pytest
 from windowkit import Window
 from windowkit.trace import ChunkRef, CostModelBackend, Step, Trace, simulate
 from windowkit.trace.generators import grow_interleave, random_lookback, sliding_window
-from windowkit.trace.simulate import load_trace_arg, resolve_orders
+from windowkit.errors import WindowkitError
+from windowkit.trace.simulate import WindowkitStrategy, load_trace_arg, resolve_orders
 
 from hand_trace import A, B, C, P, T  # noqa: E402  (tests/hand_trace.py)
 
@@ -353,6 +354,34 @@ def test_windowkit_ahead_prepares_the_agents_own_clip_and_look_back_but_not_an_o
     # new text behind every live chunk is a new entry read at the step, not a rewrite, though a look-back
     # follows it: the guess before the last step is t2 t3 (16), and the step prefills t4, t0 behind it, the query
     assert [(c.prefill_tokens, c.idle_tokens) for c in steps] == [(3 * 8 + 2, 16), (8 + 2, 16), (8 + 8 + 2, 0)]
+
+
+def test_windowkit_slide_guesses_the_next_slide_from_the_window_alone():
+    """``windowkit-slide``: the agent tells nothing; ``policies.guess.SlideGuess`` prepares, between steps, the last
+    slide repeated. On a pinned-task sliding window (task + the last 2 shots, 40 tokens each) the first slide has
+    no guess yet (its survivor re-prefilled: radix's tokens); from then on every step prefills only its new shot
+    and the query, and the preparation before it the survivor behind the task. A window that does not slide
+    (random look-backs) wastes a guess or two, then the policy stops preparing. Hand counts."""
+    shot = lambda i: ChunkRef(id=f"s{i}", tokens=40, kind="image")  # noqa: E731
+    task = ChunkRef(id="task", tokens=8)
+    wins = [[task, shot(0)], [task, shot(0), shot(1)]] + [[task, shot(i - 1), shot(i)] for i in range(2, 7)]
+    trace = Trace([Step(step=i, context=w, query_tokens=2) for i, w in enumerate(wins)], name="pinned")
+    strat = WindowkitStrategy(guess="slide", name="windowkit-slide")
+    res = simulate(trace, "h100-kamera", ["radix", strat, "floor"], progress=False)
+    steps = res.steps["windowkit-slide"]
+    assert [c.prefill_tokens for c in steps] == [8 + 40 + 2, 40 + 2, 40 + 40 + 2] + [40 + 2] * 4
+    # s_i behind the task anew (s_i+1 is new: not guessed); the agent does not know the last step is the last
+    assert [c.idle_tokens for c in steps] == [0, 0] + [40] * 5
+    assert [c.prefill_tokens for c in res.steps["radix"]][2:] == [40 + 40 + 2] * 5
+    assert strat.guess_counters == {"steps": 7, "guesses": 5, "prepared": 5, "hits": 4, "prefilled": 200,
+                                    "wasted": 0}  # the last guess awaits a next window that never comes
+    strat = WindowkitStrategy(guess="slide", name="windowkit-slide")  # random look-backs: no slide to repeat
+    res = simulate(random_lookback(steps=40), "h100-kamera", ["windowkit", strat], progress=False)
+    c = strat.guess_counters
+    assert c["prepared"] <= 2 < c["guesses"] and c["hits"] == 0 and c["wasted"] == c["prefilled"] > 0
+    assert res.totals("windowkit-slide")["prefill_tokens"] <= res.totals("windowkit")["prefill_tokens"]
+    with pytest.raises(WindowkitError, match="exclude each other"):
+        WindowkitStrategy(anticipate=True, guess="slide")
 
 
 def test_a_cost_model_window_takes_the_prepared_route_after_prefetch():

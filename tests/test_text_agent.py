@@ -278,6 +278,43 @@ def test_text_agent_anticipating_prefills_only_the_new_entry(model, tok) -> None
     assert s["idle_tokens"] == sum(r.idle_tokens for r in rows) and "between steps" in format_table(report)
 
 
+def test_text_agent_with_a_slide_guess_prefills_only_the_new_entry_after_a_right_guess(model, tok) -> None:
+    """``TextReaderAgent(guess="slide")``: the agent tells the Window nothing; a guess policy prepares, between
+    steps, the survivors of the last slide repeated. After a prepared guess that the next window opens with, that
+    step prefills only the entries behind the guess and the question, exactly (KL ~ 0); a wrong guess changes no
+    answer. Which guesses were prepared and right is replayed here from the windows alone (the policy is pure)."""
+    from policies.guess import SlideGuess
+
+    log = make_log(seed=1, steps=7, k=3, n_filler=2, lookback_every=3, reach=1)
+    report = TextReaderAgent(model, tok, k=3, guess="slide").run(log)
+    rows = report.steps
+    entry = [len(TextCodec(tok).chunk(t, f"entry-{i}")) for i, t in enumerate(log.texts)]
+
+    class Ids:  # what the policy reads of a Window
+        ids: list = []
+
+        def prefetch(self, next):
+            return {"prefilled": 1}
+
+    pol, win, prepared = SlideGuess(), Ids(), []
+    for r in rows[:-1]:
+        win.ids = [f"entry-{i}" for i in r.entries]
+        prepared.append(pol.apply(win)["guess"])
+    right = [t + 1 for t, g in enumerate(prepared)
+             if g and [f"entry-{i}" for i in rows[t + 1].entries[:len(g)]] == g]
+    assert len(right) >= 2, prepared
+    for t in right:
+        r, n = rows[t], len(prepared[t - 1])
+        assert r.tokens == sum(entry[i] for i in r.entries[n:]) + len(r.query_ids) <= r.pc_tokens, t
+        assert r.kl < 1e-6, (t, r.kl)
+    assert all(r.same_as_exact for r in rows), [(r.answer, r.exact_answer) for r in rows]
+    g = report.guess
+    assert g["prepared"] == sum(1 for x in prepared if x) and g["hits"] == len(right)
+    assert report.summary()["idle_tokens"] == g["prefilled"] and "guesses:" in format_table(report)
+    with pytest.raises(WindowkitError, match="exclude each other"):
+        TextReaderAgent(model, tok, k=3, anticipate=True, guess="slide")
+
+
 # ---------------------------------------------------------------------- the seeded tasks, version 2
 def test_tasks_version_2_gives_every_fact_of_a_window_its_own_kind() -> None:
     rng = random.Random(3)

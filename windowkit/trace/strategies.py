@@ -340,6 +340,10 @@ class WindowkitStrategy(Strategy):
               A guess is never wrong here (the trace
               says what comes), so a wrong guess's idle cost is not modeled; the critical path is. The prefetch's
               cost is booked as ``idle_ms`` / ``idle_tokens`` of the step before, not in its ``total_ms``.
+    guess:    a guess policy (``policies.guess``: "slide", or an instance) run after each step instead of
+              ``anticipate``'s: the agent knows nothing of its next step and lets the policy guess it from the
+              window's history (``pol.apply(win)``); wrong guesses are real idle work, booked as ``idle_ms`` /
+              ``idle_tokens`` like right ones (``guess_counters``: guesses, hits, wasted tokens)
     store_budget_bytes: bound the store (None: unbounded); the fake KV is 16 bytes per token
     store_policy: its eviction policy: None / "lru", "lfu", "fifo", "size" (= "gds", GreedyDual-Size),
               "belady" (offline OPT: its future is filled from the trace in ``prepare``), or an instance
@@ -361,12 +365,16 @@ class WindowkitStrategy(Strategy):
     def __init__(self, rank: int = 32, mode: str = "patch", store_budget_bytes: Optional[int] = None,
                  vision_cache: bool = True, name: str = "windowkit", store_policy: Any = None,
                  refresh: Any = None, anticipate: bool = False, reads_attention: Optional[bool] = None,
-                 **window_kw: Any):
+                 guess: Any = None, **window_kw: Any):
         self.rank, self.mode, self.budget, self.vision_cache = rank, mode, store_budget_bytes, vision_cache
         if reads_attention not in (None, True, False):
             raise WindowkitError("reads_attention must be None (from the trace), True or False, "
                                  f"got {reads_attention!r}")
         self.name, self.anticipate, self.reads_attention = name, bool(anticipate), reads_attention
+        if anticipate and guess is not None:
+            raise WindowkitError("anticipate (the agent knows its next step) and guess (a policy guesses it) "
+                                 "exclude each other")
+        self.guess = guess
         self._orders: Sequence[Sequence[ChunkRef]] = ()
         self.store_policy, self.refresh = store_policy, refresh
         self.window_kw = window_kw  # passed to Window(...), e.g. form="eager", repair="sink:8", svd="randomized"
@@ -389,6 +397,9 @@ class WindowkitStrategy(Strategy):
         self.refresher = make_policy("refresh", self.refresh)
         if self.refresher is not None:
             self.refresher.reset()
+        self.guesser = make_policy("guess", self.guess)
+        if self.guesser is not None:
+            self.guesser.reset()
         self.chunks: dict[str, Chunk] = {}
         self.queries: dict[int, Chunk] = {}
         self.approximated_steps = 0  # steps where store-side apply counts disagreed with stats (see below)
@@ -422,10 +433,11 @@ class WindowkitStrategy(Strategy):
         """
         twin = WindowkitStrategy(rank=self.rank, mode=self.mode, vision_cache=self.vision_cache,
                                  refresh=self.refresh, name=self.name, reads_attention=self.reads_attention,
-                                 **self.window_kw)
+                                 anticipate=self.anticipate, guess=_fresh(self.guess), **self.window_kw)
         twin.store_policy = _ReadLog  # unbounded: a store policy only orders what it holds, nothing is evicted
         twin.reset(profile if profile is not None else self.p)
         twin._model_family(steps)
+        twin._orders = list(orders) if self.anticipate else ()
         for step, order in zip(steps, orders):
             twin.step(step, order)
         return twin.store.policy.uses
@@ -471,6 +483,8 @@ class WindowkitStrategy(Strategy):
             c.binding_risk = len(win.stale_ids())  # plan()'s refresh-patch edits, without scoring them
         if self.anticipate and self._t < len(self._orders):
             self._prepare_next(c, self._orders[self._t])
+        elif self.guesser is not None:
+            self._idle(c, lambda: self.guesser.apply(win))
         p = self.p
         c.bytes_held = ((store.canon_sum + win.num_tokens) * p.kv_bytes_per_token
                         + store.patch_sum * p.patch_bytes_per_token)
@@ -479,7 +493,7 @@ class WindowkitStrategy(Strategy):
     def _prepare_next(self, c: StepCost, nxt: Sequence[ChunkRef]) -> None:
         """``win.prefetch(next=...)`` of the next step's leading chunks the agent holds now (``anticipate``), booked
         as ``c``'s idle work (the next step's ledger snapshot is taken after it, so its own cost does not hold it)."""
-        win, led = self.win, self.backend.ledger
+        win = self.win
         run: list = []
         for x in nxt:
             if x.is_visual and x.id not in self.chunks:  # a new observation, from outside: not in hand before
@@ -494,11 +508,26 @@ class WindowkitStrategy(Strategy):
                 guess.append(self._chunk(x))
             else:  # new text behind every live chunk: an observation (a new log entry), read at the step
                 break
+        self._idle(c, lambda: win.prefetch(next=guess))
+
+    def _idle(self, c: StepCost, work) -> None:
+        """Run ``work()`` between steps and book what it costs as ``c``'s idle work."""
+        win, led = self.win, self.backend.ledger
         l0, st0 = led.copy(), win.stats.reused_tokens
-        win.prefetch(next=guess)
+        work()
         c.idle_tokens = led.prefill_tokens - l0.prefill_tokens
         c.idle_ms = (led.prefill_ms - l0.prefill_ms + led.vision_ms - l0.vision_ms
                      + self.backend.charge_reuse(win.stats.reused_tokens - st0, 0, 0))
+
+    @property
+    def guess_counters(self) -> dict:
+        """The guess policy's counters of the last run (``policies.guess``), or {} without one."""
+        return dict(self.guesser.counters) if getattr(self, "guesser", None) is not None else {}
+
+
+def _fresh(spec: Any) -> Any:
+    """A policy spec a second strategy can own: an instance's class (its state is the first one's), else as is."""
+    return spec if spec is None or isinstance(spec, (str, type)) else type(spec)
 
 
 def check_store_options(s: Any) -> None:
