@@ -101,10 +101,10 @@ LAZY_IMPORTS = {
     ("windowkit.cli", "windowkit.trace.calibrate"), ("windowkit.cli", "windowkit.models.binding.eval"),
     ("windowkit.cli", "windowkit.models.binding.train"), ("windowkit.cli", "windowkit.benchmarks.real"),
     ("windowkit.cli", "windowkit.benchmarks.kv"),
-    # the registry lookup, policies' side: `import policies` loads only the eviction policies; the refresh and
-    # placement makers (registered with windowkit.registry) import their modules on first use. (windowkit's side,
-    # windowkit.registry.load_providers, loads `policies` through importlib / entry points: no import statement.)
-    ("policies", "policies.refresh"), ("policies", "policies.placement"),
+    # the registry lookup, policies' side: `import policies` loads only the eviction policies; the refresh,
+    # placement and guess makers (registered with windowkit.registry) import their modules on first use. (windowkit's
+    # side, windowkit.registry.load_providers, loads `policies` through importlib / entry points: no import statement.)
+    ("policies", "policies.refresh"), ("policies", "policies.placement"), ("policies", "policies.guess"),
     # the linker imports sglang at module level: the plugin, loaded by SGLang's plugin loader, imports it on use
     ("windowkit.backends.sglang.plugin", "windowkit.backends.sglang.linker"),
     # scaled RoPE types only: keeps windowkit.kv, and so windowkit.store, graph and policies, free of transformers

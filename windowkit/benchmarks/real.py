@@ -215,7 +215,9 @@ class Strategy:
     """How one strategy runs a step. ``window``: Window constructor arguments (None: not a Window);
     ``after``: called on the window after the edit, before the question (refresh policies);
     ``blend``: CacheBlend recompute fraction over a blind window; ``ahead``: between steps of a stream, also prepare
-    the next slide (``prefetch(next=...)``) after forming canonicals and patches; ``note``: one line for the docs."""
+    the next slide (``prefetch(next=...)``) after forming canonicals and patches; ``guess``: instead, a guess policy
+    (``policies.guess``: "slide") prepares the next step from the window's history alone; ``note``: one line for the
+    docs."""
 
     name: str
     window: Optional[dict] = None
@@ -223,6 +225,7 @@ class Strategy:
     blend: Optional[float] = None
     note: str = ""
     ahead: bool = False
+    guess: Optional[str] = None
 
 
 def _refresh(spec: str) -> Callable[[Any], Any]:
@@ -275,6 +278,9 @@ def build_strategies() -> dict[str, Strategy]:
             Strategy("ahead", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, ahead=True,
                      note="the default, and between stream steps win.prefetch(next=...) of the entries the next "
                           "slide keeps, prepared off the critical path (one-step histories: the default)"),
+            Strategy("slide", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, guess="slide",
+                     note="the default, and between stream steps a guess policy (policies.guess 'slide') prepares the "
+                          "last slide repeated, from the window's history alone (wrong guesses: idle prefill)"),
         ]
     return {x.name: x for x in s}
 
@@ -476,6 +482,7 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
     for name, st in strategies.items():
         if st.window is not None:
             wins[name] = Window(backend, prefix=prefix, **st.window)
+    guessers = {name: make_policy("guess", st.guess) for name, st in strategies.items() if st.guess is not None}
     prev: list[Chunk] = []
     seen: set[str] = set()
     out = []
@@ -513,6 +520,8 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
             if strategies[name].ahead:  # and the entries a slide keeps (the agent's sliding policy; a coming
                 # look-back is not guessed, and the entry a look-back just recalled is not kept)
                 w.prefetch(next=[chunks[i].id for i in range(step.index + 1, step.index + k)])
+            elif name in guessers:  # or what a guess policy makes of the windows so far
+                guessers[name].apply(w)
             rows[name]["idle_tokens"] = w.stats.prefill_tokens - p0  # off the critical path: not in its tokens
         prev = want
         out.append(rows)
