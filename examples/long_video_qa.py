@@ -4,6 +4,7 @@
     PYTHONPATH=. .venv/bin/python examples/long_video_qa.py --model tiny-qwen2.5-vl   # tiny random Qwen2.5-VL
     PYTHONPATH=. .venv/bin/python examples/long_video_qa.py --model /path/to/Qwen2.5-VL-3B-Instruct --video clip.mp4
     PYTHONPATH=. .venv/bin/python examples/long_video_qa.py --record run.jsonl     # also write the steps as a trace
+    PYTHONPATH=. .venv/bin/python examples/long_video_qa.py --guess slide          # next steps guessed and prepared
 
 The default model is the trained binding model (``windowkit.models.binding``): it watches its own synthetic
 video (four coloured objects, one changing shape every second frame), the window holds the last 3 frames
@@ -66,10 +67,15 @@ def main(argv=None) -> int:
     ap.add_argument("--anticipate", action="store_true",
                     help="between steps, prepare the next slide's survivors (win.prefetch(next=...)): each slide then "
                          "prefills only its new frame; the idle work is reported apart")
+    ap.add_argument("--guess", default=None, choices=("slide", "none"),
+                    help="instead of --anticipate, a guess policy prepares the next step between steps from the "
+                         "window's history alone (policies/guess.py)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is kind to a shared CPU)")
     ap.add_argument("--no-reference", action="store_true", help="skip the exact re-prefill reference window")
     ap.add_argument("--record", default=None, metavar="PATH", help="write each step's window as a JSONL trace (replay: windowkit simulate PATH)")
     args = ap.parse_args(argv)
+    if args.anticipate and args.guess:
+        ap.error("--anticipate and --guess exclude each other: the agent prepares its next step, or a policy guesses it")
 
     import torch
     from tqdm import tqdm
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
         agent = LongVideoAgent(model, window=window, rank=args.rank, frame_size=(w, h),
                                reference=not args.no_reference, model_path=model_path, record=args.record,
                                prefix=prefix, blind=binding, max_new_tokens=1 if binding else 4, refresh=args.refresh,
-                               anticipate=args.anticipate)
+                               anticipate=args.anticipate, guess=args.guess)
         if not binding:
             frames = sample_video(agent, args.video, args.fps, n_frames)
         steps = min((n_frames if binding else 18) if args.steps is None else args.steps, len(frames))
@@ -138,6 +144,10 @@ def main(argv=None) -> int:
         return 2
     print()
     print(format_summary(report))
+    if agent.guesser is not None:
+        g = agent.guesser.counters
+        print(f"guesses: {g['guesses']} made, {g['prepared']} prepared, {g['hits']} right; {g['wasted']} tokens "
+              "prefilled for wrong ones")
     print(f"\ntotal {time.perf_counter() - t_start:.1f} s (model build, video, {len(plan)} steps on windowkit"
           + (", exact and prefix-cache windows)" if not args.no_reference else ")"))
     if args.record:

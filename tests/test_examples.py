@@ -165,6 +165,13 @@ def test_long_video_example_defaults_to_the_binding_model(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--refresh", "threshold:x"])
     assert e.value.code == 2 and "takes a number" in capsys.readouterr().err
+    assert main(["--frames", "13", "--guess", "slide", "--no-reference"]) == 0  # a guess policy between steps
+    text = capsys.readouterr().out
+    # a guess after each slide (steps 3-11), the one before the look-back at step 11 wrong (its two survivors: 14)
+    assert "guesses: 9 made, 9 prepared, 8 right; 14 tokens prefilled for wrong ones" in text, text[-600:]
+    with pytest.raises(SystemExit) as e:
+        main(["--guess", "slide", "--anticipate"])
+    assert e.value.code == 2 and "exclude each other" in capsys.readouterr().err
 
 
 # ====================================================================== docs
