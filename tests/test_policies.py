@@ -331,6 +331,8 @@ def test_slide_guess_stays_silent_on_growth_and_rewrites() -> None:
     # a screenshot clipped to text where it stood: what replaces the next one is not written yet
     clip = [["t", "s0", "s1"], ["t", "s0", "s1", "s2"], ["t", "c0", "s1", "s2", "s3"]]
     assert _guesses(SlideGuess(), clip)[-1] is None
+    # survivors reordered by the agent: the base follows the window as it is, then the slide repeats on it
+    assert _guesses(SlideGuess(), [["a", "b", "c", "d"], ["c", "b", "d", "e"]])[-1] == ["b", "d", "e"]
     # a step with no arrival (only a reorder) guesses nothing
     assert _guesses(SlideGuess(), [["a", "b"], ["b", "c"], ["c", "b"]])[-1] is None
 
