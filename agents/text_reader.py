@@ -257,8 +257,11 @@ class TextReaderAgent:
                     keep.append(chunks[i].id)
                 if keep:
                     idle_tokens = win.prefetch(next=keep)["prefilled"]
-            elif guesser is not None:  # (after the last step: only score the last guess)
-                idle_tokens = guesser.apply(win)["prefilled"] if nxt is not None else guesser.observe(win.ids) or 0
+            elif guesser is not None:
+                if nxt is None:  # after the last step: only score the last guess
+                    guesser.observe(win.ids)
+                else:
+                    idle_tokens = guesser.apply(win)["prefilled"]
             idle_ms = (time.perf_counter() - t0) * 1e3
             # exact re-prefill
             t0 = time.perf_counter()
