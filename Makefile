@@ -48,6 +48,7 @@ demo: $(STAMP) $(REAL_STAMP)
 	$(VENV)/bin/windowkit verify --model tiny-qwen2.5-vl --model tiny-qwen3-vl --model tiny-deepseek-v3 --model tiny-llama --model tiny-qwen2
 	$(VPY) examples/long_video_qa.py
 	$(VPY) examples/long_video_qa.py --refresh threshold:0.3
+	$(VPY) examples/long_video_qa.py --guess slide
 	$(VPY) examples/web_agent_window.py --clip --anticipate
 	$(VENV)/bin/windowkit eval-binding --n 60
 
