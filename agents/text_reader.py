@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from policies.guess import make_guess
 from windowkit.backends.hf import HFBackend
 from windowkit.benchmarks import real_tasks as rt
 from windowkit.benchmarks.real import Answer, TextCodec, greedy_answer, number_done, prefix_cache_tokens
@@ -45,7 +46,6 @@ from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, WindowkitError
 from windowkit.kv.layout import concat
 from windowkit.kv.metrics import kl_divergence
-from windowkit.registry import make_policy
 from windowkit.window import Window
 
 
@@ -218,7 +218,7 @@ class TextReaderAgent:
                      **{"mode": "patch", **self.window_kwargs})
         exact = Window(self.backend, mode="exact", prefix=self.prefix)
         pc = _PrefixCache(self.backend, self.prefix)
-        guesser = make_policy("guess", self.guess)
+        guesser = make_guess(self.guess)  # PolicyError (a WindowkitError) on a bad spec
         if guesser is not None:
             guesser.reset()
         stop = number_done(self.codec)

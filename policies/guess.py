@@ -68,8 +68,10 @@ class GuessPolicy:
             g, tokens = self._last
             hit = ids[:len(g)] == g
             self._record.append(hit)
-            if tokens is not None:
-                self.counters["hits" if hit else "wasted"] += 1 if hit else tokens
+            if tokens is not None and hit:
+                self.counters["hits"] += 1
+            elif tokens is not None:
+                self.counters["wasted"] += tokens
             self._last = None
 
     def guess(self) -> Optional[list[str]]:
@@ -118,9 +120,9 @@ class SlideGuess(GuessPolicy):
     The policy keeps the window's *base*: the window as it would be without look-backs. A step's chunks are its
     arrivals (never seen before), its look-backs (chunks recalled from outside the window, or live ones moved
     behind the newest arrival), its trailers (chunks behind the newest arrival that closed the last window too:
-    a question re-asked after each frame) and the base's survivors. When a step both adds arrivals and loses base chunks, it is a slide: its first leavers'
-    places in the base (as many as arrived; look-backs may push out more, and those come back when the
-    look-back goes) are where the next slide leaves from. The guess is the base without the chunks at those
+    a question re-asked after each frame) and the base's survivors. When a step both adds arrivals and loses base
+    chunks, it is a slide: its first leavers' places in the base (as many as arrived; look-backs may push out
+    more, and those come back when the look-back goes) are where the next slide leaves from. The guess is the base without the chunks at those
     places: the survivors of the next slide, in their order. No guess before a first slide, after a step where
     nothing new arrived, or after a rewrite (a new chunk in front of an old one: a screenshot clipped to text
     where it stood, whose successor the agent has not written yet).
@@ -149,17 +151,17 @@ class SlideGuess(GuessPolicy):
     def observe(self, ids: Sequence[str]) -> None:
         super().observe(ids)
         cur = list(ids)
-        now = set(cur)
-        prev = self._cur or []
-        arrived = [c for c in cur if c not in self._seen]
-        recalled = {c for c in cur if c not in prev and c in self._seen}
-        newest = max((i for i, c in enumerate(cur) if c not in self._seen), default=len(cur) - 1)
+        now, prev, seen = set(cur), self._cur or [], self._seen
+        was = set(prev)
+        arrived = [c for c in cur if c not in seen]  # (never a trailer: a trailer closed the last window)
+        recalled = {c for c in cur if c not in was and c in seen}
+        newest = max((i for i, c in enumerate(cur) if c not in seen), default=len(cur) - 1)
         behind = [c for c in cur[newest + 1:] if c not in recalled]
         # behind the newest arrival: trailers if they closed the last window too (a question re-asked), else
         # look-backs to live chunks, moved there this step
         trail = set(behind) if behind and prev[-len(behind):] == behind else set()
         moved = set(behind) - trail
-        kept = [c for c in cur if c in self._seen and c not in recalled and c not in behind]
+        kept = [c for c in cur if c in seen and c not in recalled and c not in behind]
         base = [c for c in self._base if c not in trail]
         left = [i for i, c in enumerate(base) if c not in now or c in moved]
         if arrived and left:
@@ -168,13 +170,13 @@ class SlideGuess(GuessPolicy):
             base = [c for i, c in enumerate(base) if i not in gone]
         else:
             base = [c for c in base if c in now and c not in moved]
-        new = [c for c in cur if c not in self._seen and c not in trail]
-        self._rewrite = bool(kept) and any(cur.index(c) < cur.index(kept[-1]) for c in new)
-        base += new
-        if not _in_order(kept + new, base):  # the window left the model: start again from what it holds
-            base = kept + new
+        at = {c: i for i, c in enumerate(cur)}
+        self._rewrite = bool(kept) and bool(arrived) and at[arrived[0]] < at[kept[-1]]
+        base += arrived
+        if not _in_order(kept + arrived, base):  # the window left the model: start again from what it holds
+            base = kept + arrived
         self._base, self._arrived, self._cur = base, bool(arrived), cur
-        self._seen.update(cur)
+        seen.update(cur)
 
     def guess(self) -> Optional[list[str]]:
         if self._leave is None or not self._arrived or self._rewrite:
