@@ -213,3 +213,31 @@ def test_bench_floor_rows_and_table():
     md = bench.markdown([row])
     assert "| ahead meets |" in md.splitlines()[0]
     assert md.splitlines()[2].startswith("| append-zoom | cpu-tiny | 154 |") and "| 1.15x floor |" in md
+
+
+@pytest.mark.parametrize("profile", ["h100-kamera", "cpu-tiny"])
+def test_windowkit_defaults_never_cost_a_step_more_than_the_prefix_cache(profile):
+    """Every trace of bench_floor (generators, the recorded agent traces, VideoTree's first 30 questions ordered and
+    as sets): no step of the default Window costs more than the radix cache's same step. A look-back to a context
+    the radix tree still holds is read from the Window's store as is (``reused_as_is``) and charged nothing, as
+    the tree's hit is; before, those reads cost the recorded VLM traces 1.0001-1.0024x radix."""
+    import importlib.util
+    from pathlib import Path
+
+    from windowkit.trace.cli import load_trace_arg
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("bench_floor", root / "bench/bench_floor.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    as_is = 0
+    for name in bench.trace_specs(30):
+        trace = load_trace_arg(str(root / name) if name.endswith(".jsonl") else name)
+        res = simulate(trace, profile, strategies=["radix", "windowkit"], progress=False)
+        above = [i for i, (r, w) in enumerate(zip(res.steps["radix"], res.steps["windowkit"]))
+                 if w.total_ms > r.total_ms * (1 + 1e-9)]
+        assert not above, (name, above[:5])
+        if name.endswith("long_video_qwen.jsonl"):  # steps 12 and 16: a look-back read as is, no reuse charge
+            w, r = res.steps["windowkit"], res.steps["radix"]
+            as_is += sum(w[i].total_ms == pytest.approx(r[i].total_ms) and w[i].reuse_ms == 0 for i in (12, 16))
+    assert as_is == 2

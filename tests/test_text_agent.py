@@ -244,8 +244,10 @@ def test_bench_real_ahead_prepares_each_slide_off_the_critical_path(model, tok) 
     """The stream's "ahead" strategy: between steps the entries the next slide keeps are prepared (their exact
     conditioned KV, ``prefetch(next=...)``), so a slide after a slide prefills only the new entry and the
     question (the floor) and its answer is exact re-prefill's (KL ~ 0); the idle work is counted apart. The
-    "slide" strategy's guess policy does the same from the window's history once it has seen a slide."""
-    res = real.run(n=5, tasks=["stream"], strategies=["exact", "prefix-cache", "default", "ahead", "slide"],
+    "default" Window's ``prefetch()`` does the same through its guess policy (``guess="slide"``) from the window's
+    history once it has seen a slide; "no-guess" (``guess=None``) prepares nothing: with the same repair rule, it
+    prefills the survivors' repair on those steps."""
+    res = real.run(n=5, tasks=["stream"], strategies=["exact", "prefix-cache", "default", "ahead", "no-guess"],
                    model=model, tok=tok, threads=1, progress=False, k=4, stream_steps=5)
     steps = res["raw"]["stream"]["slide+look-back"]
     after_slide = [s for prev, s in zip(steps, steps[1:]) if prev["ahead"]["kind"] == s["ahead"]["kind"] == "slide"]
@@ -255,16 +257,16 @@ def test_bench_real_ahead_prepares_each_slide_off_the_critical_path(model, tok) 
         assert a["tokens"] == a["floor_tokens"] < a["prefix_cache_tokens"], (a["tokens"], a["floor_tokens"])
         assert a["kl"] < 1e-6 and a["text"] == s["exact"]["text"]
     assert all(s["ahead"]["idle_tokens"] > 0 for s in steps)
-    assert all("idle_tokens" in s["default"] for s in steps)  # the default's prefetch() is idle work too
-    # "slide": a guess policy, not the log reader's rule, prepares the next step; after two slides in a row it has
-    # seen the slide it repeats, and the third prefills the floor's tokens with exact re-prefill's answer
+    assert all("idle_tokens" in s["no-guess"] for s in steps)  # its prefetch()'s canonicals are idle work too
+    # "default": the Window's guess policy, not the log reader's rule, prepares the next step; after two slides in a
+    # row it has seen the slide it repeats, and the third prefills the floor's tokens with exact re-prefill's answer
     runs = [s for a, b, s in zip(steps, steps[1:], steps[2:])
-            if a["slide"]["kind"] == b["slide"]["kind"] == s["slide"]["kind"] == "slide"]
+            if a["default"]["kind"] == b["default"]["kind"] == s["default"]["kind"] == "slide"]
     assert runs
     for s in runs:
-        g = s["slide"]
+        g, ng = s["default"], s["no-guess"]
         assert g["tokens"] == g["floor_tokens"] < g["prefix_cache_tokens"] and g["kl"] < 1e-6, g["tokens"]
-        assert g["text"] == s["exact"]["text"]
+        assert g["text"] == s["exact"]["text"] and ng["tokens"] > g["tokens"]
 
 
 def test_text_agent_anticipating_prefills_only_the_new_entry(model, tok) -> None:

@@ -456,8 +456,9 @@ def test_default_defers_forming_to_need_or_prefetch(llama):
     assert (win.stats.encodes, win.stats.patch_forms) == (1, 0)
     win.evict("d3")  # d2 behind (d0, d1) again: its stored conditioned KV makes it exact, free
     done = win.prefetch()
-    assert done == {"encodes": 2, "patch_forms": 2}  # d1, d2 encoded once; their patches on (d0,), (d0, d1)
-    assert win.prefetch() == {"encodes": 0, "patch_forms": 0}
+    # d1, d2 encoded once; their patches on (d0,), (d0, d1); no guess (the guess policy has seen one window)
+    assert done == {"encodes": 2, "patch_forms": 2, "guess": None, "prefilled": 0}
+    assert win.prefetch() == {"encodes": 0, "patch_forms": 0, "guess": None, "prefilled": 0}
     # the context recurs in another window on the same store: zero forwards, exact at full rank
     win2 = wk.Window(llama, store=win.store, rank=None)
     for c in cs[:3]:
@@ -755,3 +756,67 @@ def test_survivors_get_a_stored_context_back_for_free(llama, tmp_path, on_disk):
     assert kl_divergence(reference_logits(llama, [b, c], QUERY), win.forward(QUERY)) <= 1e-6
     assert (win.stats.forwards - f0, win.stats.prefill_tokens - p0) == (0, 0)  # no window forward (stats leave
     # the query's own forward out)
+
+
+def test_a_look_back_to_a_kept_context_reads_the_stored_kv_as_is(llama):
+    """[a b c] -> [a d] -> [a b c]: b and c return to the context and places they were conditioned in, so the step
+    prefills nothing and reads their kept KV as is (no rotation, no patch: ``reused_as_is``), and its logits are
+    re-prefill's. The simulator charges such reads nothing, as a prefix cache's hit on a branch it still holds."""
+    a, b, c, d = text(llama, 6, 1), text(llama, 5, 2), text(llama, 7, 3), text(llama, 4, 4)
+    q = torch.tensor([11, 12, 13])
+    w = wk.Window(llama)
+    got = []
+    for chunks in ([a, b, c], [a, d], [a, b, c]):
+        s0 = w.stats.as_dict()
+        w.assign(chunks)
+        logits = w.forward(q)
+        assert kl_divergence(reference_logits(llama, chunks, q), logits) < 1e-6
+        s1 = w.stats.as_dict()
+        got.append(tuple(s1[k] - s0[k] for k in ("prefill_tokens", "reused_tokens", "reused_as_is", "relocations",
+                                                   "patch_applies", "bytes_moved")))
+    assert got == [(18, 0, 0, 0, 0, 0), (4, 0, 0, 0, 0, 0), (0, 12, 12, 0, 0, 0)]
+
+
+def test_prefetch_prepares_the_next_slide_by_default(llama):
+    """``Window()``'s guess policy ("slide"): ``prefetch()`` between steps of a regular slide [t, c_i, c_i+1, c_i+2]
+    prepares the next step's survivors in the places they will have, so from the third step on a step prefills only
+    its new chunk (its query is not in ``prefill_tokens``), with re-prefill's logits (the first slide, unguessed,
+    has the default repair's); ``guess=None`` prepares nothing and prefills the survivors' repair instead. A fork
+    continues from its own copy of the history."""
+    task = text(llama, 6, 1600, "t")
+    cs = [text(llama, 5 + i % 3, 1610 + i, f"s{i}") for i in range(8)]
+    q = torch.tensor([11, 12, 13])
+    spent, idle = {}, {}
+    for guess in ("slide", None):
+        win = wk.Window(llama, guess=guess)
+        assert (win.guesser is None) == (guess is None)
+        spent[guess], idle[guess] = [], []
+        for i in range(6):
+            chunks = [task, *cs[i:i + 3]]
+            p0 = win.stats.prefill_tokens
+            win.assign(chunks)
+            kl = kl_divergence(reference_logits(llama, chunks, q), win.forward(q))
+            if guess is not None and i != 1:  # step 1: the first slide, no guess yet (the default repair's KL)
+                assert kl < 1e-6, (i, kl)
+            spent[guess].append(win.stats.prefill_tokens - p0)
+            done = win.prefetch()
+            idle[guess].append(done["prefilled"])
+            if guess is not None and i >= 1:  # from the first slide on: [t, s_i+1, s_i+2], the next survivors
+                assert done["guess"] == ["t", cs[i + 1].id, cs[i + 2].id]
+            if guess is None:
+                assert done["guess"] is None and done["prefilled"] == 0
+    assert spent["slide"][2:] == [len(cs[i + 2]) for i in range(2, 6)]  # only the new chunk
+    assert all(s > n for s, n in zip(spent[None][2:], spent["slide"][2:]))  # the survivors' repair on top
+    assert idle["slide"][0] == 0 and all(x > 0 for x in idle["slide"][1:])
+    assert wk.Window(llama).guesser.counters == {"steps": 0, "guesses": 0, "prepared": 0, "hits": 0, "prefilled": 0,
+                                                 "wasted": 0}
+    win = wk.Window(llama)
+    for i in range(3):
+        win.assign([task, *cs[i:i + 3]])
+        win.forward(q)
+        win.prefetch()
+    assert win.guesser.counters["hits"] == 1 and win.guesser.counters["prepared"] == 2
+    fork = win.fork()
+    assert fork.guesser is not win.guesser and fork.guesser.counters == win.guesser.counters
+    with pytest.raises(wk.WindowkitError, match="unknown guess policy"):
+        wk.Window(llama, guess="psychic")

@@ -215,9 +215,10 @@ class Strategy:
     """How one strategy runs a step. ``window``: Window constructor arguments (None: not a Window);
     ``after``: called on the window after the edit, before the question (refresh policies);
     ``blend``: CacheBlend recompute fraction over a blind window; ``ahead``: between steps of a stream, also prepare
-    the next slide (``prefetch(next=...)``) after forming canonicals and patches; ``guess``: instead, a guess policy
-    (``policies.guess``: "slide") prepares the next step from the window's history alone; ``note``: one line for the
-    docs."""
+    the next slide (``prefetch(next=...)``) after forming canonicals and patches; ``guess``: the Window's guess policy
+    (``Window(guess=...)``, ``policies.guess``), which its ``prefetch()`` between stream steps runs: "slide" (the
+    Window's default) for "default", None for the others, so each of them measures its own rule alone; ``note``: one
+    line for the docs."""
 
     name: str
     window: Optional[dict] = None
@@ -273,14 +274,18 @@ def build_strategies() -> dict[str, Strategy]:
                      note="Window(repair='head+query:32'): the head wholly + the 32 stale tokens the question reads"),
             Strategy("repair-all", {"mode": "patch", "rank": 32, "repair": "all"},
                      note="Window(repair='all') = fidelity='exact': every stale survivor recomputed"),
-            Strategy("default", {"mode": "patch", "rank": 32, "fidelity": "balanced"},
-                     note="Window(fidelity='balanced'), the default: repair " + repr(FIDELITY["balanced"])),
+            Strategy("default", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, guess="slide",
+                     note="the Window's defaults: fidelity='balanced' (repair " + repr(FIDELITY["balanced"]) + "), and "
+                          "between stream steps win.prefetch(), which forms canonicals and patches and prepares its guess "
+                          "policy's next window (guess='slide': the last slide repeated, from the window's history "
+                          "alone; wrong guesses: idle prefill)"),
+            Strategy("no-guess", {"mode": "patch", "rank": 32, "fidelity": "balanced"},
+                     note="the default with Window(guess=None): prefetch() forms canonicals and patches only (the "
+                          "default until the guess policy; result files before it call this 'default' and the "
+                          "default 'slide')"),
             Strategy("ahead", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, ahead=True,
                      note="the default, and between stream steps win.prefetch(next=...) of the entries the next "
                           "slide keeps, prepared off the critical path (one-step histories: the default)"),
-            Strategy("slide", {"mode": "patch", "rank": 32, "fidelity": "balanced"}, guess="slide",
-                     note="the default, and between stream steps a guess policy (policies.guess 'slide') prepares the "
-                          "last slide repeated, from the window's history alone (wrong guesses: idle prefill)"),
         ]
     return {x.name: x for x in s}
 
@@ -481,8 +486,7 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
     wins = {}
     for name, st in strategies.items():
         if st.window is not None:
-            wins[name] = Window(backend, prefix=prefix, **st.window)
-    guessers = {name: make_policy("guess", st.guess) for name, st in strategies.items() if st.guess is not None}
+            wins[name] = Window(backend, prefix=prefix, guess=st.guess, **st.window)
     prev: list[Chunk] = []
     seen: set[str] = set()
     out = []
@@ -516,12 +520,12 @@ def run_stream(rng: random.Random, tag: str, codec: TextCodec, backend: SharedFo
             if name == "exact":
                 continue
             p0 = w.stats.prefill_tokens
-            w.prefetch()  # between steps: canonicals + patches for the contexts seen (off the critical path)
+            # between steps (off the critical path): canonicals + patches for the contexts seen, and the guess of
+            # the Window's policy (``guess=``: the default's "slide")
+            w.prefetch()
             if strategies[name].ahead:  # and the entries a slide keeps (the agent's sliding policy; a coming
                 # look-back is not guessed, and the entry a look-back just recalled is not kept)
                 w.prefetch(next=[chunks[i].id for i in range(step.index + 1, step.index + k)])
-            elif name in guessers:  # or what a guess policy makes of the windows so far
-                guessers[name].apply(w)
             rows[name]["idle_tokens"] = w.stats.prefill_tokens - p0  # off the critical path: not in its tokens
         prev = want
         out.append(rows)

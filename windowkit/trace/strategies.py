@@ -326,7 +326,8 @@ class WindowkitStrategy(Strategy):
     """A real ``windowkit.window.Window`` on the CostModelBackend, driven by ``win.assign(chunks)``.
 
     Prefill and vision costs are booked by the backend's forwards; KV replay (every token the Window
-    relocates or places from stored KV: ``WindowStats.reused_tokens``), patch applies and patch SVDs are
+    relocates or places from stored KV: ``WindowStats.reused_tokens``, less ``reused_as_is``, the stored tensors read
+    at their own position without a patch, which cost no work), patch applies and patch SVDs are
     charged from the step's stats deltas. ``binding_risk`` counts chunks kept as-is whose conditioning
     was formed on other antecedents (``plan()``'s refresh-patch edits), after the refresh policy ran.
 
@@ -450,7 +451,7 @@ class WindowkitStrategy(Strategy):
 
     def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
         win, st, led, store = self.win, self.win.stats, self.backend.ledger, self.store
-        s0 = (st.encodes, st.patch_forms, st.patch_applies, st.relocations, st.reused_tokens)
+        s0 = (st.encodes, st.patch_forms, st.patch_applies, st.relocations, st.reused_tokens - st.reused_as_is)
         l0 = led.copy()
         a0, f0, ac0 = store.applied_tokens, store.formed_tokens, store.applied_count
         if hasattr(store.policy, "advance"):
@@ -473,7 +474,10 @@ class WindowkitStrategy(Strategy):
         if store.applied_count - ac0 != c.patch_applies:  # a Window path we do not meter: average size
             self.approximated_steps += 1
             apply_tokens = c.patch_applies * sum(x.tokens for x in ctx) // max(len(ctx), 1)
-        c.reuse_ms = self.backend.charge_reuse(st.reused_tokens - s0[4], apply_tokens, store.formed_tokens - f0)
+        # stored KV read as is (its own position, no patch) is the stored tensor itself: charged nothing, as a prefix
+        # cache's hit on a branch it still holds
+        c.reuse_ms = self.backend.charge_reuse(st.reused_tokens - st.reused_as_is - s0[4], apply_tokens,
+                                               store.formed_tokens - f0)
         c.prefill_ms = led.prefill_ms - l0.prefill_ms
         c.encode_ms = led.encode_extra_ms - l0.encode_extra_ms
         c.vision_ms = led.vision_ms - l0.vision_ms
@@ -513,11 +517,12 @@ class WindowkitStrategy(Strategy):
     def _idle(self, c: StepCost, work) -> None:
         """Run ``work()`` between steps and book what it costs as ``c``'s idle work."""
         win, led = self.win, self.backend.ledger
-        l0, st0 = led.copy(), win.stats.reused_tokens
+        st = win.stats
+        l0, st0 = led.copy(), st.reused_tokens - st.reused_as_is
         work()
         c.idle_tokens = led.prefill_tokens - l0.prefill_tokens
         c.idle_ms = (led.prefill_ms - l0.prefill_ms + led.vision_ms - l0.vision_ms
-                     + self.backend.charge_reuse(win.stats.reused_tokens - st0, 0, 0))
+                     + self.backend.charge_reuse(st.reused_tokens - st.reused_as_is - st0, 0, 0))
 
     @property
     def guess_counters(self) -> dict:

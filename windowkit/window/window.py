@@ -24,6 +24,7 @@ stale survivors are repaired by a ``repair`` rule (selective recompute, CacheBle
 """
 from __future__ import annotations
 
+import copy
 import operator
 import time
 import weakref
@@ -39,11 +40,13 @@ from windowkit.backends.base import Backend
 from windowkit.chunk import Chunk
 from windowkit.errors import ChunkError, ChunkNotFoundError, KVShapeError, WindowkitError
 from windowkit.kv.layout import ChunkKV, concat
+from windowkit.kv.rope import is_zero_delta
 from windowkit.kv.patch import Patch, deficit, form_orbit_patch, form_patch, form_removal_patch, orderings, place
 from windowkit.graph import Cascade, DependencyGraph, TokenCostModel, divergence, reuse_decision
 from windowkit.graph.dependency import LazyCtx, entry_is_stale, stale_indices
 from windowkit.store import (ChunkStore, chunk_key, conditioned_key, context_hash, context_root, context_step,
                              orbit_context_hash)
+from windowkit.registry import make_policy
 from windowkit.window.config import Mode, WindowConfig
 from windowkit.window.plan import (FIDELITY, RepairRule, StepChoice, WindowView, choose_step, common_prefix,
                                    first_repair_end, movers_of)
@@ -103,6 +106,9 @@ class WindowStats:
     relocations: int = 0  # chunk KVs re-rotated to a new position
     prefill_tokens: int = 0  # tokens run through the model (conditioned forwards, exact prefills)
     reused_tokens: int = 0  # tokens placed from stored KV instead of a prefill
+    # of them: stored KV read at the position it was formed at, without a patch (the stored tensor itself: no
+    # rotation, no add, no copy; what a prefix cache's hit on a branch it still holds costs)
+    reused_as_is: int = 0
     fallbacks: int = 0  # edits that fell back to an exact re-prefill (also: a repair run as a full recondition)
     repaired_tokens: int = 0  # survivor tokens recomputed by the repair rule (also counted in prefill_tokens)
     probe_tokens: int = 0  # query tokens run to read what a query attends to (focus; also in prefill_tokens)
@@ -206,6 +212,11 @@ class Window:
     config:   a WindowConfig holding the settings above (mode, rank, ..., focus_budget) instead of keywords;
               a keyword given as well must be left at its default or agree with it (else WindowkitError).
               ``win.config`` is the Window's settings either way
+    guess:    "slide" (default) | "none" | None | a guess policy (``policies.guess``): what ``prefetch()`` between
+              steps prepares for the next step besides canonicals and patches. "slide" repeats the window's last
+              slide: the survivors of the next one are made exact in the places they will have, so a regular slide
+              prefills only what is new; it prepares only while its recent guesses hit. The policy is the
+              Window's own (``win.guesser``: its counters), fed by the windows it sees at each ``prefetch()``
     """
 
     def __init__(self, backend: Backend, store: Optional[ChunkStore] = None, rank: Optional[int] = 32,
@@ -214,7 +225,8 @@ class Window:
                  removal_rank: Optional[int] = 64, orbit_samples: int = 24, cascade: str = "plan", form: str = "lazy",
                  basis=None, fidelity: Union[str, float] = "balanced", repair: Union[str, "RepairRule", None] = None,
                  cap: bool = True, cache_salt: Optional[str] = None, auth_key: Union[bytes, str, None] = None,
-                 focus_budget: Optional[float] = 0.58, config: Optional[WindowConfig] = None):
+                 focus_budget: Optional[float] = 0.58, config: Optional[WindowConfig] = None,
+                 guess: Any = "slide"):
         given = dict(rank=rank, mode=mode, patch_layers=patch_layers, svd=svd, removal_patches=removal_patches,
                      removal_rank=removal_rank, orbit_samples=orbit_samples, cascade=cascade, form=form,
                      fidelity=fidelity, repair=repair, cap=cap, focus_budget=focus_budget)
@@ -298,6 +310,9 @@ class Window:
         self._graph_later: list[tuple[str, str, tuple[str, ...], int]] = []
         self.last_cascade: Optional[Cascade] = None
         self.stats = WindowStats()
+        # the guess policy ``prefetch()`` runs between steps (policies.guess, by name through the registry: this
+        # layer does not import policies); None: prefetch() forms canonicals and patches only
+        self.guesser = None if guess is None else make_policy("guess", guess)
         self._entries: deque[_Entry] = deque()
         self._evicted: dict[str, Chunk] = {}
         self._known: dict[str, Chunk] = {}
@@ -891,6 +906,7 @@ class Window:
         other.__dict__.update(self.__dict__)
         other._unkept, other._prepared, other._past_memo, other._ready = {}, {}, None, None
         other.stats = WindowStats()
+        other.guesser = copy.deepcopy(self.guesser)  # the fork's own history from here (the same windows so far)
         other._step_p0 = self._step_p0 - self.stats.prefill_tokens  # its own counters: the step's spending so far
         other._entries = deque()
         other._evicted = dict(self._evicted)
@@ -938,13 +954,15 @@ class Window:
         return done
 
     def prefetch(self, next: Optional[Sequence[Union[str, Chunk]]] = None) -> dict:
-        """Off the critical path (between steps): form what deferred forming skipped, for the live chunks.
+        """Off the critical path (between steps): form what deferred forming skipped, and prepare the next step.
 
         Every live chunk gets its canonical in the store (a chunk exactly conditioned at the head with no
         prefix *is* its canonical: stored without a forward; others: one encode each), and every chunk whose
         KV is exactly conditioned on its current antecedents gets the patch for that context (an SVD, no
-        forward). A later recall or move into a context seen here then costs zero forwards. Returns
-        ``{"encodes": .., "patch_forms": ..}`` done by this call.
+        forward). A later recall or move into a context seen here then costs zero forwards. Then the Window's
+        guess policy (``guess=``, default "slide") reads the window and, when it has a guess it trusts, prepares
+        it as ``next=`` below would. Returns ``{"encodes": .., "patch_forms": .., "guess": ids or None,
+        "prefilled": tokens}`` done by this call (``win.guesser.counters``: the policy's hits and waste).
 
         ``next``: instead, the leading chunks of the window the agent expects at its next step, in order: ids of
         chunks this window has seen (e.g. ``win.ids[1:]`` before a slide), or ``Chunk`` objects, among them new
@@ -964,7 +982,7 @@ class Window:
             return self._prepare(list(next))
         e0, f0 = self.stats.encodes, self.stats.patch_forms
         if self.mode == "exact":
-            return {"encodes": 0, "patch_forms": 0}
+            return {"encodes": 0, "patch_forms": 0, "guess": None, "prefilled": 0}
         ids, starts = self.ids, self.starts()
         for i, e in enumerate(self._entries):
             ante = tuple(ids[:i])
@@ -979,8 +997,10 @@ class Window:
                 ctx = self._ctx(ante)
                 if not self.store.has_patch(e.key, ctx):
                     self._form_fresh(e, e.kv, e.kv_start, ctx, ante)
+        out = {"encodes": self.stats.encodes - e0, "patch_forms": self.stats.patch_forms - f0}
+        out.update(self.guesser.apply(self) if self.guesser is not None else {"guess": None, "prefilled": 0})
         self._step_p0 = self.stats.prefill_tokens  # between steps: not the next step's spending
-        return {"encodes": self.stats.encodes - e0, "patch_forms": self.stats.patch_forms - f0}
+        return out
 
     def _prepare(self, items: list[Union[str, Chunk]]) -> dict:
         """``prefetch(next=items)``: the exact conditioned KV of ``items`` in this order, kept by context."""
@@ -1917,7 +1937,10 @@ class Window:
             self.stats.patch_applies += 1
         if delta != 0:
             self.stats.relocations += 1
-        self.stats.bytes_moved += kv.nbytes
+        if patch is None and is_zero_delta(delta):
+            self.stats.reused_as_is += kv.num_tokens
+        else:
+            self.stats.bytes_moved += kv.nbytes
         self._credit(kv.num_tokens, t0)
         return kv
 
