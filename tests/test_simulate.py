@@ -358,8 +358,8 @@ def test_windowkit_ahead_prepares_the_agents_own_clip_and_look_back_but_not_an_o
 
 
 def test_windowkit_slide_guesses_the_next_slide_from_the_window_alone():
-    """``windowkit-slide``: the agent tells nothing; ``policies.guess.SlideGuess`` prepares, between steps, the last
-    slide repeated. On a pinned-task sliding window (task + the last 2 shots, 40 tokens each) the first slide has
+    """``windowkit-slide``: the agent tells nothing; between steps the Window's ``prefetch()`` forms canonicals and
+    its guess policy (``policies.guess.SlideGuess``) prepares the last slide repeated. On a pinned-task sliding window (task + the last 2 shots, 40 tokens each) the first slide has
     no guess yet (its survivor re-prefilled: radix's tokens); from then on every step prefills only its new shot
     and the query, and the preparation before it the survivor behind the task. A window that does not slide
     (random look-backs) wastes a guess or two, then the policy stops preparing. Hand counts."""
@@ -371,8 +371,10 @@ def test_windowkit_slide_guesses_the_next_slide_from_the_window_alone():
     res = simulate(trace, "h100-kamera", ["radix", strat, "floor"], progress=False)
     steps = res.steps["windowkit-slide"]
     assert [c.prefill_tokens for c in steps] == [8 + 40 + 2, 40 + 2, 40 + 40 + 2] + [40 + 2] * 4
-    # s_i behind the task anew (s_i+1 is new: not guessed); the agent does not know the last step is the last
-    assert [c.idle_tokens for c in steps] == [0, 0] + [40] * 5
+    # between steps win.prefetch() (the Window's default loop): the new shot's canonical (40: it was prefilled
+    # behind the task), and from the first slide on the guess, s_i behind the task anew (s_i+1 is new: not
+    # guessed); the agent does not know the last step is the last
+    assert [c.idle_tokens for c in steps] == [40, 40] + [40 + 40] * 5
     assert [c.prefill_tokens for c in res.steps["radix"]][2:] == [40 + 40 + 2] * 5
     assert strat.guess_counters == {"steps": 7, "guesses": 5, "prepared": 5, "hits": 4, "prefilled": 200,
                                     "wasted": 0}  # the last guess awaits a next window that never comes

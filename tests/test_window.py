@@ -820,3 +820,49 @@ def test_prefetch_prepares_the_next_slide_by_default(llama):
     assert fork.guesser is not win.guesser and fork.guesser.counters == win.guesser.counters
     with pytest.raises(wk.WindowkitError, match="unknown guess policy"):
         wk.Window(llama, guess="psychic")
+
+
+def test_a_recall_takes_its_exact_kept_copy_before_a_patch(llama):
+    """b was conditioned behind a and ``prefetch()`` also stored its rank-2 patch for that context; when [a b] comes
+    back, b's exact kept KV is taken, not the patch (which approximates it): no patch applied, re-prefill's logits.
+    The planner (``plan._place_tokens``) counts the exact copy first too."""
+    a, b, c = text(llama, 9, 1700, "a"), text(llama, 8, 1701, "b"), text(llama, 7, 1702, "c")
+    q = torch.tensor([11, 12, 13])
+    w = wk.Window(llama, rank=2, guess=None)
+    w.assign([a, b])
+    w.forward(q)
+    assert w.prefetch()["patch_forms"] == 1  # b's patch on (a,)
+    w.assign([c])
+    w.forward(q)
+    s0 = w.stats.as_dict()
+    w.assign([a, b])
+    logits = w.forward(q)
+    s1 = w.stats.as_dict()
+    assert (s1["patch_applies"] - s0["patch_applies"], s1["patch_reuses"] - s0["patch_reuses"]) == (0, 0)
+    assert s1["prefill_tokens"] == s0["prefill_tokens"]  # a's canonical, b's kept copy: no forward but the query's
+    assert kl_divergence(reference_logits(llama, [a, b], q), logits) < 1e-6
+
+
+def test_a_prepared_slide_whose_head_is_its_canonical_skips_the_planner(llama, monkeypatch):
+    """``prefetch()`` stored b's canonical; ``prefetch(next=["b", "c"])`` then finds b's exact KV at the head (that
+    canonical) and forwards only c behind it. The next step [b c d] is the prepared one: it takes the prepared route
+    without running the planner (``choose_step``), forwards d with the query once, and equals re-prefill."""
+    import windowkit.window.window as window_mod
+
+    a, b, c, d = text(llama, 9, 1800, "a"), text(llama, 8, 1801, "b"), text(llama, 7, 1802, "c"), text(llama, 6, 1803, "d")
+    q = torch.tensor([11, 12, 13])
+    w = wk.Window(llama, guess=None)
+    w.assign([a, b, c])
+    w.forward(q)
+    assert w.prefetch()["encodes"] == 2  # b's and c's canonicals
+    assert w.prefetch(next=["b", "c"]) == {"prefilled": len(c)}  # b: its canonical; c behind it: one forward
+
+    def no_planner(*args, **kw):
+        raise AssertionError("the prepared step ran the planner")
+
+    monkeypatch.setattr(window_mod, "choose_step", no_planner)
+    p0, f0 = w.stats.prefill_tokens, w.stats.forwards
+    w.assign([b, c, d])
+    logits = w.forward(q)
+    assert (w.stats.prefill_tokens - p0, w.stats.forwards - f0) == (len(d), 1)
+    assert kl_divergence(reference_logits(llama, [b, c, d], q), logits) < 1e-6

@@ -44,8 +44,9 @@ STRATEGIES: dict[str, Callable[[], Strategy]] = {
     # the defaults, and the agent prepares the next step's survivors between steps (prefetch(next=...)): its
     # critical path in total_ms, the preparation in idle_ms
     "windowkit-ahead": lambda: WindowkitStrategy(anticipate=True, name="windowkit-ahead"),
-    # the defaults, and a guess policy prepares the next step between steps from the window's history alone
-    # (policies.guess "slide": the last slide again); wrong guesses are booked in idle_ms too
+    # the Window's default loop: win.prefetch() between steps, which forms canonicals and patches and prepares its
+    # guess policy's next window from the window's history alone (policies.guess "slide": the last slide again);
+    # all of it, wrong guesses included, booked in idle_ms
     "windowkit-slide": lambda: WindowkitStrategy(guess="slide", name="windowkit-slide"),
     # the lower bound: each chunk prefilled once at its first appearance + the queries (windowkit/trace/floor.py)
     "floor": FloorStrategy,

@@ -341,10 +341,11 @@ class WindowkitStrategy(Strategy):
               A guess is never wrong here (the trace
               says what comes), so a wrong guess's idle cost is not modeled; the critical path is. The prefetch's
               cost is booked as ``idle_ms`` / ``idle_tokens`` of the step before, not in its ``total_ms``.
-    guess:    a guess policy (``policies.guess``: "slide", or an instance) run after each step instead of
-              ``anticipate``'s: the agent knows nothing of its next step and lets the policy guess it from the
-              window's history (``pol.apply(win)``); wrong guesses are real idle work, booked as ``idle_ms`` /
-              ``idle_tokens`` like right ones (``guess_counters``: guesses, hits, wasted tokens)
+    guess:    the Window's guess policy (``Window(guess=...)``, ``policies.guess``: "slide", or an instance), and
+              ``win.prefetch()`` after each step instead of ``anticipate``'s: the Window's default loop, where the
+              agent knows nothing of its next step; ``prefetch()`` forms canonicals and patches and lets the policy
+              guess the next window from the window's history; that work, wrong guesses included, is real idle
+              work, booked as ``idle_ms`` / ``idle_tokens`` (``guess_counters``: guesses, hits, wasted tokens)
     store_budget_bytes: bound the store (None: unbounded); the fake KV is 16 bytes per token
     store_policy: its eviction policy: None / "lru", "lfu", "fifo", "size" (= "gds", GreedyDual-Size),
               "belady" (offline OPT: its future is filled from the trace in ``prepare``), or an instance
@@ -394,13 +395,15 @@ class WindowkitStrategy(Strategy):
         self.backend = CostModelBackend(profile, vision_cache=self.vision_cache)
         self.store = _MeteredStore(budget_bytes=self.budget, model_fingerprint=self.backend.fingerprint(),
                                    layout=self.backend.layout, policy=self._make_store_policy())
-        self.win = Window(self.backend, store=self.store, rank=self.rank, mode=self.mode, **self.window_kw)
+        guesser = make_policy("guess", self.guess)  # the Window's own (its prefetch() runs it): None without one
+        if guesser is not None:
+            guesser.reset()
+        self.win = Window(self.backend, store=self.store, rank=self.rank, mode=self.mode, guess=guesser,
+                          **self.window_kw)
+        self.guesser = self.win.guesser
         self.refresher = make_policy("refresh", self.refresh)
         if self.refresher is not None:
             self.refresher.reset()
-        self.guesser = make_policy("guess", self.guess)
-        if self.guesser is not None:
-            self.guesser.reset()
         self.chunks: dict[str, Chunk] = {}
         self.queries: dict[int, Chunk] = {}
         self.approximated_steps = 0  # steps where store-side apply counts disagreed with stats (see below)
@@ -487,8 +490,8 @@ class WindowkitStrategy(Strategy):
             c.binding_risk = len(win.stale_ids())  # plan()'s refresh-patch edits, without scoring them
         if self.anticipate and self._t < len(self._orders):
             self._prepare_next(c, self._orders[self._t])
-        elif self.guesser is not None:
-            self._idle(c, lambda: self.guesser.apply(win))
+        elif self.guesser is not None:  # the default loop: canonicals, patches and the guess, between steps
+            self._idle(c, win.prefetch)
         p = self.p
         c.bytes_held = ((store.canon_sum + win.num_tokens) * p.kv_bytes_per_token
                         + store.patch_sum * p.patch_bytes_per_token)

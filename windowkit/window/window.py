@@ -1050,11 +1050,12 @@ class Window:
                 self.stats.encodes += 1
                 self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(e.n)})
         self._prepared = dict(self._unkept)  # (prefetch wrote back first: only these) read without a store trip
-        # every one exact for its next place, in memory: made now, or a live entry already exact there
-        if all(c.id in live for c in chunks) and all(
-                j >= f or (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending)
-                for j in range(len(ids))):
-            self._ready = (tuple(ids), self._version, [None] * f + list(zip(made, starts[f:], ctxs)))
+        # every one exact for its next place, in memory: made now, a live entry already exact there (None: kept as
+        # it is), or the exact KV found for it above (the head's canonical, a kept copy: read now, held here)
+        if all(c.id in live for c in chunks):
+            front = [None if (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending)
+                     else (have[j][0], have[j][1], self._ctx(tuple(ids[:j]))) for j in range(f)]
+            self._ready = (tuple(ids), self._version, front + list(zip(made, starts[f:], ctxs)))
         if f == 0 and self.prefix is not None and self._needs_past:  # the next step's first new chunk's whole past
             self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
         self._write_back()
@@ -1209,13 +1210,16 @@ class Window:
         conditioned forward (kept as the KV) and a patch formed from it for next time."""
         ctx = self._condition_ctx(e, ante)
         lazy = ctx.__class__ is LazyCtx  # nothing can be stored under it: both look-ups would miss
-        patch = None if lazy else self._get_patch(e.key, ctx)
-        if patch is not None and patch.num_tokens == e.n:
+        # behind this context before: its exact KV, before any patch (a rank-m patch approximates that KV; the
+        # planner's ``_place_tokens`` counts it first too)
+        got = self._conditioned(e, ctx) if (ante or self.prefix is not None) and not lazy else None
+        patch = None if lazy or got is not None else self._get_patch(e.key, ctx)
+        if got is not None:
+            e.kv, e.kv_start = self._placed(got[0], start - got[1], None), start
+        elif patch is not None and patch.num_tokens == e.n:
             canon = self._canonical(e)
             e.kv, e.kv_start = self._placed(canon, start, patch), start
             self.stats.patch_reuses += 1
-        elif (ante or self.prefix is not None) and not lazy and (got := self._conditioned(e, ctx)) is not None:
-            e.kv, e.kv_start = self._placed(got[0], start - got[1], None), start  # behind this context before: exact
         elif not ante and self.prefix is None:
             # nothing in front: the chunk's prefill at position 0 *is* its canonical; no patch needed
             if self.store.has_canonical(e.key):
