@@ -335,8 +335,7 @@ def test_a_survivor_behind_an_insert_is_repaired_once():
 
 
 def test_a_survivor_made_free_goes_stale_again_behind_an_insert():
-    # [a b c] -> [d b c]: b at the head takes its canonical (free, formed on nothing); the eviction's repair stops
-    # at the first insert (d, in front of both: c is not repaired on a context d then changes, as it was until
-    # 2026-12-08: 30 more); d (canonical stored: 0) is placed in front of b, which is stale again: the insert's
-    # repair recomputes b (20) and 5 of c
-    assert edit_tokens(view(), ["d", "b", "c"], HEAD5) == 0 + 20 + 5
+    # [a b c] -> [d b c]: b at the head takes its canonical (free, formed on nothing), so the eviction's repair
+    # starts at c (wholly, 30); d (canonical stored: 0) is then placed in front of b, which is stale again: the
+    # insert's repair recomputes b (20) and 5 of c
+    assert edit_tokens(view(), ["d", "b", "c"], HEAD5) == 30 + 20 + 5

@@ -283,18 +283,15 @@ def first_repair_end(want: Sequence[str], live: Container[str], n: int, first: i
     """Where ``assign``'s repair after its evictions stops (exclusive; None: at the end of the window).
 
     The window holds ``n`` survivors (ids in ``live``) in ``want``'s order; ``stale(first, end)`` lists the stale
-    ones in ``first..end-1`` (kept for callers; the cut no longer reads it). A survivor behind the first insert
-    goes stale again when the insert lands, so it is repaired once, after the inserts, on the context it ends with:
-    the repair after the evictions stops at the first insert. (Until 2026-12-08 it ran to the end unless a stale
-    survivor stood in front of the first insert or right behind it, to keep the no-insert case's share; where the
-    evictions left the head exact, e.g. its canonical formed by ``prefetch()``, that repaired every survivor twice,
-    the first time on a context the inserts then changed: a look-back to frames in front cost 26 tokens more.)
+    ones in ``first..end-1``. A survivor behind the first insert goes stale again when the insert lands, so it is
+    repaired once, after the inserts, on the context it ends with. That keeps the final KV where the rule's first
+    stale survivor stands in front of the first insert or right behind it (the pass after the inserts gives it the
+    same share); elsewhere the repair runs to the end, as it does without inserts.
 
         first_repair_end(["b", "x", "c"], {"b", "c"}, 2, 0, lambda a, b: [1])   # 1: c, right behind x
-        first_repair_end(["x", "b", "c"], {"b", "c"}, 2, 0, lambda a, b: [])    # 0: all behind x, repaired after
     """
     cut = next((i for i, c in enumerate(want) if c not in live), n)
-    return cut if cut < n else None
+    return cut if cut < n and stale(first, cut + 1) else None
 
 
 def _repair_tokens(ids: list, ante: list, tokens: Mapping[str, int], first: Optional[int], rule: RepairRule,

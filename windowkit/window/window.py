@@ -1050,12 +1050,11 @@ class Window:
                 self.stats.encodes += 1
                 self.store.put_canonical(e.key, kv, {"chunk_id": e.id, "tokens": str(e.n)})
         self._prepared = dict(self._unkept)  # (prefetch wrote back first: only these) read without a store trip
-        # every one exact for its next place, in memory: made now, a live entry already exact there (None: kept as
-        # it is), or the exact KV found for it above (the head's canonical, a kept copy: read now, held here)
-        if all(c.id in live for c in chunks):
-            front = [None if (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending)
-                     else (have[j][0], have[j][1], self._ctx(tuple(ids[:j]))) for j in range(f)]
-            self._ready = (tuple(ids), self._version, front + list(zip(made, starts[f:], ctxs)))
+        # every one exact for its next place, in memory: made now, or a live entry already exact there
+        if all(c.id in live for c in chunks) and all(
+                j >= f or (tuple(live[ids[j]].ante) == tuple(ids[:j]) and not live[ids[j]].pending)
+                for j in range(len(ids))):
+            self._ready = (tuple(ids), self._version, [None] * f + list(zip(made, starts[f:], ctxs)))
         if f == 0 and self.prefix is not None and self._needs_past:  # the next step's first new chunk's whole past
             self._past_memo = ([self._prefix_kv] + made, concat([self._prefix_kv] + made))
         self._write_back()
