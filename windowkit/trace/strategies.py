@@ -395,12 +395,11 @@ class WindowkitStrategy(Strategy):
         self.backend = CostModelBackend(profile, vision_cache=self.vision_cache)
         self.store = _MeteredStore(budget_bytes=self.budget, model_fingerprint=self.backend.fingerprint(),
                                    layout=self.backend.layout, policy=self._make_store_policy())
-        guesser = make_policy("guess", self.guess)  # the Window's own (its prefetch() runs it): None without one
-        if guesser is not None:
-            guesser.reset()
-        self.win = Window(self.backend, store=self.store, rank=self.rank, mode=self.mode, guess=guesser,
+        self.win = Window(self.backend, store=self.store, rank=self.rank, mode=self.mode, guess=self.guess,
                           **self.window_kw)
-        self.guesser = self.win.guesser
+        self.guesser = self.win.guesser  # the Window's own (its prefetch() runs it): None without one
+        if self.guesser is not None:
+            self.guesser.reset()  # (an instance passed in keeps no history from an earlier run)
         self.refresher = make_policy("refresh", self.refresh)
         if self.refresher is not None:
             self.refresher.reset()
@@ -454,7 +453,7 @@ class WindowkitStrategy(Strategy):
 
     def step(self, step: Step, ctx: Sequence[ChunkRef]) -> StepCost:
         win, st, led, store = self.win, self.win.stats, self.backend.ledger, self.store
-        s0 = (st.encodes, st.patch_forms, st.patch_applies, st.relocations, st.reused_tokens - st.reused_as_is)
+        s0 = (st.encodes, st.patch_forms, st.patch_applies, st.relocations, _replayed(st))
         l0 = led.copy()
         a0, f0, ac0 = store.applied_tokens, store.formed_tokens, store.applied_count
         if hasattr(store.policy, "advance"):
@@ -477,10 +476,7 @@ class WindowkitStrategy(Strategy):
         if store.applied_count - ac0 != c.patch_applies:  # a Window path we do not meter: average size
             self.approximated_steps += 1
             apply_tokens = c.patch_applies * sum(x.tokens for x in ctx) // max(len(ctx), 1)
-        # stored KV read as is (its own position, no patch) is the stored tensor itself: charged nothing, as a prefix
-        # cache's hit on a branch it still holds
-        c.reuse_ms = self.backend.charge_reuse(st.reused_tokens - st.reused_as_is - s0[4], apply_tokens,
-                                               store.formed_tokens - f0)
+        c.reuse_ms = self.backend.charge_reuse(_replayed(st) - s0[4], apply_tokens, store.formed_tokens - f0)
         c.prefill_ms = led.prefill_ms - l0.prefill_ms
         c.encode_ms = led.encode_extra_ms - l0.encode_extra_ms
         c.vision_ms = led.vision_ms - l0.vision_ms
@@ -520,17 +516,23 @@ class WindowkitStrategy(Strategy):
     def _idle(self, c: StepCost, work) -> None:
         """Run ``work()`` between steps and book what it costs as ``c``'s idle work."""
         win, led = self.win, self.backend.ledger
-        st = win.stats
-        l0, st0 = led.copy(), st.reused_tokens - st.reused_as_is
+        l0, st0 = led.copy(), _replayed(win.stats)
         work()
         c.idle_tokens = led.prefill_tokens - l0.prefill_tokens
         c.idle_ms = (led.prefill_ms - l0.prefill_ms + led.vision_ms - l0.vision_ms
-                     + self.backend.charge_reuse(st.reused_tokens - st.reused_as_is - st0, 0, 0))
+                     + self.backend.charge_reuse(_replayed(win.stats) - st0, 0, 0))
 
     @property
     def guess_counters(self) -> dict:
         """The guess policy's counters of the last run (``policies.guess``), or {} without one."""
         return dict(self.guesser.counters) if getattr(self, "guesser", None) is not None else {}
+
+
+def _replayed(st: Any) -> int:
+    """Tokens a Window's stats say were placed from stored KV with work (rotation, copy): ``reused_tokens`` less
+    ``reused_as_is``, the stored tensors read at their own position without a patch, charged nothing (as a prefix
+    cache's hit on a branch it still holds)."""
+    return st.reused_tokens - st.reused_as_is
 
 
 def _fresh(spec: Any) -> Any:
